@@ -1,0 +1,264 @@
+"""OpenAI-compatible streaming client: stamps every SSE event on arrival, parses it afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import httpx
+from httpx_aiohttp import AiohttpTransport
+
+from ._clock import now_ns
+from .datasets import Query
+from .records import ErrorType, RequestRecord, Status
+
+
+class ServerUnreachable(Exception):
+    """The server could not be used at all; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    base_url: str
+    model: str | None = None
+    endpoint: str = "chat"  # chat | completions
+    api_key: str | None = None
+    max_tokens: int = 256
+    temperature: float | None = 0.0
+    params: dict[str, Any] = field(default_factory=dict)
+    connect_timeout: float = 10.0
+    read_timeout: float = 300.0
+    max_connections: int = 64
+
+    def __repr__(self) -> str:  # never print the key
+        return f"ClientConfig(base_url={self.base_url!r}, model={self.model!r}, endpoint={self.endpoint!r})"
+
+
+def _classify(exc: BaseException, streaming: bool) -> ErrorType:
+    """Map a transport exception (httpx over aiohttp) to what happened, from its root cause."""
+    cause: BaseException = exc
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    if isinstance(cause, (TimeoutError, aiohttp.ServerTimeoutError, httpx.TimeoutException)):
+        return ErrorType.TIMEOUT
+    if isinstance(cause, aiohttp.ClientConnectorError | httpx.ConnectError) and not streaming:
+        return ErrorType.CONNECT
+    if isinstance(cause, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError | httpx.ReadError):
+        return ErrorType.DISCONNECT
+    if isinstance(cause, aiohttp.ClientConnectionError | httpx.TransportError):
+        return ErrorType.DISCONNECT if streaming else ErrorType.CONNECT
+    return ErrorType.OTHER
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        obj = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return body[:200].decode("utf-8", "replace").strip()
+    err = obj.get("error", obj) if isinstance(obj, dict) else obj
+    if isinstance(err, dict):
+        return str(err.get("message") or err.get("detail") or err)[:300]
+    return str(err)[:300]
+
+
+def apply_events(record: RequestRecord, events: list[tuple[int, bytes]]) -> None:
+    """Fill a record from its SSE events (arrival time relative to run start, raw bytes).
+
+    A chunk is token-bearing when it carries content or reasoning text; role-only and
+    usage-only chunks are not tokens. An error object in the stream makes the request fail.
+    """
+    if events:
+        record.first_event_ns = events[0][0]
+    content: list[str] = []
+    reasoning: list[str] = []
+    done = False
+    for t, raw in events:
+        data = b"".join(line[5:].lstrip() for line in raw.split(b"\n") if line.startswith(b"data:"))
+        if not data:
+            continue  # comments, keep-alives, event: lines without data
+        if data == b"[DONE]":
+            done = True
+            continue
+        try:
+            obj = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            _fail(record, ErrorType.MALFORMED, f"event is not JSON: {data[:80]!r}")
+            continue
+        if not isinstance(obj, dict):
+            _fail(record, ErrorType.MALFORMED, f"event is not a JSON object: {data[:80]!r}")
+            continue
+        if obj.get("error") is not None:
+            _fail(record, ErrorType.STREAM, _error_message(data))
+            continue
+        usage = obj.get("usage")
+        if usage:
+            record.usage_output_tokens = usage.get("completion_tokens", record.usage_output_tokens)
+            record.prompt_tokens = usage.get("prompt_tokens", record.prompt_tokens)
+        for choice in obj.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            text = delta.get("content") if delta else choice.get("text")
+            thought = delta.get("reasoning_content") or delta.get("reasoning") if delta else None
+            if text or thought:
+                if record.first_token_ns is None:
+                    record.first_token_ns = t
+                record.last_token_ns = t
+                record.chunk_ns.append(t)
+                record.chunk_tokens.append(int(obj.get("ipw_tokens", 1)))
+                server_ns = obj.get("ipw_sent_ns")
+                record.chunk_server_ns.append(server_ns)
+                if text:
+                    content.append(text)
+                if thought:
+                    reasoning.append(thought)
+            if choice.get("finish_reason"):
+                record.finish_reason = choice["finish_reason"]
+    record.answer = "".join(content)
+    record.reasoning = "".join(reasoning)
+    if not done and record.finish_reason is None and record.status is Status.OK:
+        _fail(record, ErrorType.DISCONNECT, "the stream ended before the server said it was done")
+
+
+def _fail(record: RequestRecord, kind: ErrorType, message: str) -> None:
+    if record.status is Status.OK:  # the first failure is the one that explains the rest
+        record.status = Status.ERROR
+        record.error_type = kind
+        record.error_message = message
+
+
+class StreamingClient:
+    """One connection pool sized to the load, no retries: a failed request is an outcome."""
+
+    def __init__(self, config: ClientConfig, t0_ns: int) -> None:
+        self.config = config
+        self.t0_ns = t0_ns
+        base = config.base_url.rstrip("/")
+        self._url = f"{base}/chat/completions" if config.endpoint == "chat" else f"{base}/completions"
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if config.api_key:
+            headers["Authorization"] = f"Bearer {config.api_key}"
+        limit = config.max_connections
+
+        def session() -> aiohttp.ClientSession:
+            # Built here rather than by the transport: its default pool caps at 100 connections.
+            connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, force_close=False)
+            return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+
+        self._http = httpx.AsyncClient(
+            transport=AiohttpTransport(client=session),
+            headers=headers,
+            timeout=httpx.Timeout(config.read_timeout, connect=config.connect_timeout, pool=None),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def body(self, query: Query, model: str, stop: tuple[str, ...] = ()) -> bytes:
+        cfg = self.config
+        payload: dict[str, Any] = {
+            "model": model,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": query.max_tokens or cfg.max_tokens,
+        }
+        if cfg.endpoint == "chat":
+            payload["messages"] = [{"role": "user", "content": query.prompt}]
+        else:
+            payload["prompt"] = query.prompt
+            if stop:
+                payload["stop"] = list(stop)
+        if cfg.temperature is not None:
+            payload["temperature"] = cfg.temperature
+        payload.update(query.extra_body)
+        payload.update(cfg.params)
+        return json.dumps(payload).encode()
+
+    async def send(self, record: RequestRecord, body: bytes) -> None:
+        """Send one streaming request and fill ``record``; never raises but for cancellation."""
+        t0 = self.t0_ns
+        events: list[tuple[int, bytes]] = []
+        streaming = False
+        try:
+            record.sent_ns = now_ns() - t0
+            request = self._http.build_request(
+                "POST", self._url, content=body, headers={"x-ipw-request-id": str(record.request_id)}
+            )
+            response = await self._http.send(request, stream=True)
+            try:
+                record.headers_ns = now_ns() - t0
+                record.http_status = response.status_code
+                if response.status_code >= 400:
+                    detail = _error_message(await response.aread())
+                    _fail(record, ErrorType.HTTP, f"HTTP {response.status_code}: {detail}")
+                    return
+                streaming = True
+                buf = b""
+                async for chunk in response.aiter_raw():
+                    t = now_ns() - t0
+                    buf += chunk
+                    if b"\n\n" not in buf:
+                        if b"\r\n\r\n" not in buf:
+                            continue
+                        buf = buf.replace(b"\r\n", b"\n")
+                    *complete, buf = buf.split(b"\n\n")
+                    for raw in complete:
+                        events.append((t, raw))
+                if buf.strip():
+                    events.append((now_ns() - t0, buf))
+            finally:
+                await response.aclose()
+                record.closed_ns = now_ns() - t0
+            apply_events(record, events)
+        except asyncio.CancelledError:
+            apply_events(record, events)
+            record.status = Status.CANCELLED
+            record.error_type = ErrorType.CANCELLED
+            record.error_message = "the run was interrupted while this request was in flight"
+            raise
+        except Exception as exc:  # every transport failure is a recorded outcome
+            apply_events(record, events)
+            if record.error_type is ErrorType.DISCONNECT:
+                # the transport's own explanation replaces "the stream ended early"
+                record.status, record.error_type, record.error_message = Status.OK, None, None
+            kind = _classify(exc, streaming)
+            _fail(record, kind, f"{type(exc).__name__}: {exc}".strip().rstrip(":") or kind.value)
+            if record.closed_ns is None:
+                record.closed_ns = now_ns() - t0
+
+
+async def list_models(base_url: str, api_key: str | None, timeout: float = 10.0) -> list[str]:
+    """The server's models; raises ServerUnreachable with an actionable one-line message."""
+    if not base_url.startswith(("http://", "https://")):
+        raise ServerUnreachable(f"invalid --base-url {base_url!r}: expected http(s)://host:port/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = base_url.rstrip("/") + "/models"
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as http:
+            response = await http.get(url, headers=headers)
+    except httpx.ConnectError:
+        raise ServerUnreachable(
+            f"cannot connect to {base_url}: is the server running? "
+            "(omit --base-url to use the built-in simulator)"
+        ) from None
+    except httpx.TimeoutException:
+        raise ServerUnreachable(f"{base_url} did not answer within {timeout:.0f} s") from None
+    except httpx.HTTPError as exc:
+        raise ServerUnreachable(f"cannot use {base_url}: {exc}") from None
+    if response.status_code in (401, 403):
+        raise ServerUnreachable(
+            f"{base_url} rejected the API key (HTTP {response.status_code}); set --api-key or OPENAI_API_KEY"
+        )
+    if response.status_code == 404:
+        raise ServerUnreachable(
+            f"no OpenAI-compatible API at {base_url} (GET /models gave 404); the base URL usually ends in /v1"
+        )
+    if response.status_code >= 400:
+        raise ServerUnreachable(f"{base_url} answered GET /models with HTTP {response.status_code}")
+    try:
+        return [m["id"] for m in response.json().get("data", [])]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ServerUnreachable(f"{base_url}/models did not return an OpenAI model list") from None

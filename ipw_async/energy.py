@@ -1,0 +1,351 @@
+"""Per-query energy from a run's telemetry: every joule goes to a query or to idle.
+
+The run's timeline is cut at every telemetry knot and every request event. Each meter becomes
+a *virtual counter* E(t): a cumulative counter as read (re-timed to when its value changed),
+or power integrated by the trapezoid rule. In each elementary interval the meter's ΔE goes to
+the requests active in it by a weight rule, or to idle when none is. With a baseline power,
+the static part (baseline × dt) is shared equally among active requests and only the rest by
+the rule. Where telemetry has a gap, or does not reach a request's window, ΔE is imputed from
+mean power and the request's provenance says so. Sums are exact: attributed + idle = total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from .telemetry.base import Meter
+
+NS = 1e9
+RULES = ("tokens", "equal", "window")
+
+
+@dataclass(frozen=True)
+class AttributionConfig:
+    rule: str = "tokens"
+    # a prompt token's work relative to an output token (prefill is batched, so cheaper per token)
+    prefill_weight: float = 0.25
+    baseline_w: float | None = None  # given idle power for accelerator meters
+    baseline_window_ns: tuple[int, int] | None = None  # measure idle power over this window
+    gap_factor: float = 4.0  # a telemetry gap longer than this × median spacing is imputed
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"unknown attribution rule {self.rule!r}; choose one of {', '.join(RULES)}")
+
+
+@dataclass
+class MeterResult:
+    """One meter's attribution: per-request arrays aligned with the requests frame."""
+
+    meter: str
+    kind: str
+    energy_j: np.ndarray
+    window_j: np.ndarray
+    provenance: list[str]
+    mean_power_w: np.ndarray
+    totals: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class VirtualCounter:
+    t: np.ndarray  # ns since run start, strictly increasing
+    e: np.ndarray  # joules, non-decreasing
+    imputed: np.ndarray  # per knot interval: True where the energy was imputed
+
+
+def _gap_mask(t: np.ndarray, factor: float) -> np.ndarray:
+    dt = np.diff(t)
+    if dt.size == 0:
+        return np.zeros(0, dtype=bool)
+    typical = float(np.median(dt))
+    return dt > factor * max(typical, 1.0)
+
+
+def counter_knots(t: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Knots from a cumulative counter that updates more slowly than it is read.
+
+    A value first seen at t_i was produced somewhere after t_{i-1}; the midpoint is its best
+    time. Repeated reads of a stale value carry no information and are dropped.
+    """
+    if t.size < 2:
+        return t.astype(float), e.astype(float)
+    changed = np.flatnonzero(np.diff(e) > 0) + 1
+    kt = np.concatenate(([t[0]], (t[changed - 1] + t[changed]) / 2.0))
+    ke = np.concatenate(([e[0]], e[changed]))
+    if t[-1] > kt[-1] and changed.size == 0:
+        kt, ke = np.append(kt, t[-1]), np.append(ke, e[-1])
+    return kt.astype(float), ke.astype(float)
+
+
+def virtual_counter(telemetry: pl.DataFrame, meter: Meter, gap_factor: float) -> VirtualCounter | None:
+    """A meter's cumulative energy as knots, or None when it produced no usable data."""
+    source_t = f"{meter.source}.t_ns"
+    if source_t not in telemetry.columns:
+        return None
+    if meter.kind == "counter" and meter.energy_column in telemetry.columns:
+        rows = telemetry.select(source_t, meter.energy_column).drop_nulls()
+        if rows.height < 2:
+            return None
+        t = rows.get_column(source_t).to_numpy().astype(float)
+        e = rows.get_column(meter.energy_column).to_numpy().astype(float)
+        order = np.argsort(t, kind="stable")
+        kt, ke = counter_knots(t[order], np.maximum.accumulate(e[order]))
+    elif meter.power_column in telemetry.columns:
+        rows = telemetry.select(source_t, meter.power_column).drop_nulls()
+        if rows.height < 2:
+            return None
+        kt = rows.get_column(source_t).to_numpy().astype(float)
+        p = rows.get_column(meter.power_column).to_numpy().astype(float)
+        order = np.argsort(kt, kind="stable")
+        kt, p = kt[order], p[order]
+        ke = np.concatenate(([0.0], np.cumsum((p[1:] + p[:-1]) / 2.0 * np.diff(kt) / NS)))
+    else:
+        return None
+    keep = np.concatenate(([True], np.diff(kt) > 0))
+    kt, ke = kt[keep], ke[keep]
+    if kt.size < 2:
+        return None
+    return VirtualCounter(kt, ke, _gap_mask(kt, gap_factor))
+
+
+def _extend(vc: VirtualCounter, start: float, end: float) -> VirtualCounter:
+    """Cover [start, end] by extrapolating at the mean covered power (imputed)."""
+    t, e, imp = vc.t, vc.e, vc.imputed
+    rate = (e[-1] - e[0]) / (t[-1] - t[0])
+    if start < t[0]:
+        t = np.concatenate(([start], t))
+        e = np.concatenate(([e[0] - rate * (vc.t[0] - start)], e))
+        imp = np.concatenate(([True], imp))
+    if end > t[-1]:
+        t = np.append(t, end)
+        e = np.append(e, e[-1] + rate * (end - t[-2]))
+        imp = np.append(imp, True)
+    return VirtualCounter(t, e, imp)
+
+
+@dataclass
+class Segments:
+    """Piecewise-constant weight densities: request index, start, end (ns), weight per ns."""
+
+    req: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    density: np.ndarray
+
+
+def _token_segments(requests: pl.DataFrame, prefill_weight: float) -> Segments:
+    """Prefill work (prompt tokens × weight + the first token) over sent→first token, then each
+    chunk's tokens over the gap since the previous chunk."""
+    reqs, starts, ends, weights = [], [], [], []
+    cols = requests.select("sent_ns", "end_ns", "chunk_ns", "chunk_tokens", "prompt_tokens")
+    for i, (sent, end, chunks, tokens, prompt) in enumerate(cols.iter_rows()):
+        prefill = prefill_weight * float(prompt or 0)
+        if not chunks:
+            reqs.append(i)
+            starts.append(sent)
+            ends.append(end)
+            weights.append(max(prefill, 1e-9))
+            continue
+        # chunks stamped in the same read arrived together: their tokens share one gap
+        uniq, inverse = np.unique(np.asarray(chunks, dtype=float), return_inverse=True)
+        tok_u = np.bincount(inverse, weights=np.asarray(tokens, dtype=float))
+        reqs.extend([i] * uniq.size)
+        starts.extend([sent, *uniq[:-1].tolist()])
+        ends.extend(uniq.tolist())
+        weights.extend([prefill + tok_u[0], *tok_u[1:].tolist()])
+    s = np.asarray(starts, dtype=float)
+    e = np.asarray(ends, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    dur = e - s
+    ok = dur > 0
+    return Segments(np.asarray(reqs)[ok], s[ok], e[ok], w[ok] / dur[ok])
+
+
+def _equal_segments(sent: np.ndarray, end: np.ndarray) -> Segments:
+    ok = end > sent
+    idx = np.flatnonzero(ok)
+    return Segments(idx, sent[ok], end[ok], np.ones(idx.size))
+
+
+def _density(bounds: np.ndarray, seg: Segments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Total density per elementary interval and each segment's interval index range."""
+    ia = np.searchsorted(bounds, seg.start)
+    ib = np.searchsorted(bounds, seg.end)
+    acc = np.zeros(bounds.size)
+    np.add.at(acc, ia, seg.density)
+    np.add.at(acc, ib, -seg.density)
+    return np.cumsum(acc)[:-1], ia, ib
+
+
+def _share(seg: Segments, ia: np.ndarray, ib: np.ndarray, per_density: np.ndarray, n: int) -> np.ndarray:
+    """Σ over a request's segments of density × Σ_intervals(ΔE / D): its energy."""
+    prefix = np.concatenate(([0.0], np.cumsum(per_density)))
+    return np.bincount(seg.req, weights=seg.density * (prefix[ib] - prefix[ia]), minlength=n)
+
+
+def _safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(num)
+    np.divide(num, den, out=out, where=den > 0)
+    return out
+
+
+def request_windows(records: pl.DataFrame) -> pl.DataFrame:
+    """The requests that reached the server, with ``end_ns`` = closed (or last token)."""
+    return records.with_columns(
+        pl.coalesce("closed_ns", "last_token_ns", "headers_ns", "sent_ns").alias("end_ns")
+    ).filter(pl.col("sent_ns").is_not_null())
+
+
+def attribute_meter(
+    telemetry: pl.DataFrame, meter: Meter, requests: pl.DataFrame, config: AttributionConfig
+) -> MeterResult:
+    """Attribute one meter's energy to ``requests`` (a :func:`request_windows` frame)."""
+    n = requests.height
+    base_prov = {"counter": "measured", "power": "integrated", "estimate": "estimated"}[meter.kind]
+    vc = virtual_counter(telemetry, meter, config.gap_factor)
+    if vc is None:
+        nan = np.full(n, np.nan)
+        return MeterResult(
+            meter.channel,
+            meter.kind,
+            nan,
+            nan,
+            ["missing"] * n,
+            nan,
+            {"kind": meter.kind, "missing_reason": "the source produced fewer than two readings"},
+        )
+    sent = requests.get_column("sent_ns").to_numpy().astype(float)
+    end = requests.get_column("end_ns").to_numpy().astype(float)
+    measured_j = float(vc.e[-1] - vc.e[0] - np.sum(np.diff(vc.e)[vc.imputed]))
+    if n:
+        vc = _extend(vc, float(sent.min()), float(end.max()))
+
+    seg_eq = _equal_segments(sent, end)
+    seg_rule = _token_segments(requests, config.prefill_weight) if config.rule == "tokens" else seg_eq
+    bounds = np.unique(np.concatenate((vc.t, seg_rule.start, seg_rule.end, seg_eq.start, seg_eq.end)))
+    bounds = bounds[(bounds >= vc.t[0]) & (bounds <= vc.t[-1])]
+    e_at = np.interp(bounds, vc.t, vc.e)
+    d_e = np.diff(e_at)
+    dt = np.diff(bounds)
+    knot_of = np.clip(np.searchsorted(vc.t, (bounds[:-1] + bounds[1:]) / 2) - 1, 0, vc.imputed.size - 1)
+    imputed_iv = vc.imputed[knot_of]
+
+    baseline = _baseline_w(vc, meter, config)
+    static = np.minimum(d_e, baseline * dt / NS) if baseline else np.zeros_like(d_e)
+    dynamic = d_e - static
+
+    d_eq, ia_eq, ib_eq = _density(bounds, seg_eq)
+    d_rule, ia_r, ib_r = _density(bounds, seg_rule)
+    # dynamic energy by the rule; where the rule sees no work but requests are active, equally
+    by_rule = _safe_div(dynamic, d_rule)
+    to_equal = static + np.where(d_rule > 0, 0.0, dynamic)
+    by_equal = _safe_div(to_equal, d_eq)
+    energy = _share(seg_rule, ia_r, ib_r, by_rule, n) + _share(seg_eq, ia_eq, ib_eq, by_equal, n)
+    imputed_part = _share(seg_rule, ia_r, ib_r, by_rule * imputed_iv, n) + _share(
+        seg_eq, ia_eq, ib_eq, by_equal * imputed_iv, n
+    )
+    idle = float(np.sum(d_e[d_eq <= 0]))
+    window = np.interp(end, vc.t, vc.e) - np.interp(sent, vc.t, vc.e)
+    if config.rule == "window":
+        energy = window
+    provenance = [base_prov if base_prov == "estimated" or imp <= 0 else "imputed" for imp in imputed_part]
+    duration = (end - sent) / NS
+    total = float(e_at[-1] - e_at[0])
+    attributed = float(energy.sum())
+    return MeterResult(
+        meter=meter.channel,
+        kind=meter.kind,
+        energy_j=energy,
+        window_j=window,
+        provenance=provenance,
+        mean_power_w=_safe_div(energy, duration),
+        totals={
+            "kind": meter.kind,
+            "provenance": base_prov,
+            "total_j": total,
+            "measured_j": measured_j,
+            "imputed_j": total - measured_j,
+            "attributed_j": attributed,
+            "idle_j": idle,
+            "conservation_error": (attributed + idle - total) / total if total else None,
+            "window_sum_j": float(window.sum()),
+            "window_overcount": float(window.sum()) / (total - idle) if total - idle > 0 else None,
+            "baseline_w": baseline,
+            "span_s": float((vc.t[-1] - vc.t[0]) / NS),
+        },
+    )
+
+
+def _baseline_w(vc: VirtualCounter, meter: Meter, config: AttributionConfig) -> float | None:
+    if config.baseline_w is not None and meter.accelerator:
+        return config.baseline_w
+    if config.baseline_window_ns is None:
+        return None
+    a, b = config.baseline_window_ns
+    if b <= a or a < vc.t[0]:
+        return None
+    return float((np.interp(b, vc.t, vc.e) - np.interp(a, vc.t, vc.e)) / ((b - a) / NS))
+
+
+def attribute(
+    telemetry: pl.DataFrame, meters: list[Meter], records: pl.DataFrame, config: AttributionConfig
+) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """Energy columns for ``records`` (joined on request_id) and the energy section of a summary.
+
+    Per meter ``<meter>.energy_j``, ``.provenance``, ``.power_w`` and ``.window_j``; and the
+    headline ``energy_j``/``energy_provenance``/``power_w``: the sum over accelerator meters
+    (or over CPU meters when there are none).
+    """
+    requests = request_windows(records)
+    columns: dict[str, Any] = {"request_id": requests.get_column("request_id")}
+    section: dict[str, Any] = {"rule": config.rule, "prefill_weight": config.prefill_weight, "meters": {}}
+    results = [attribute_meter(telemetry, m, requests, config) for m in meters]
+    for r in results:
+        columns[f"{r.meter}.energy_j"] = _nullable(r.energy_j)
+        columns[f"{r.meter}.provenance"] = r.provenance
+        columns[f"{r.meter}.power_w"] = _nullable(r.mean_power_w)
+        columns[f"{r.meter}.window_j"] = _nullable(r.window_j)
+        section["meters"][r.meter] = r.totals
+    headline = (
+        [r for r, m in zip(results, meters, strict=True) if m.accelerator]
+        or [r for r in results if r.kind != "estimate"]
+        or results
+    )
+    if headline:
+        energy = np.sum([r.energy_j for r in headline], axis=0)
+        power = np.sum([r.mean_power_w for r in headline], axis=0)
+        prov = [_combine([r.provenance[i] for r in headline]) for i in range(requests.height)]
+        columns["energy_j"] = _nullable(energy)
+        columns["power_w"] = _nullable(power)
+        columns["energy_provenance"] = prov
+        section["headline_meters"] = [r.meter for r in headline]
+        section["total_j"] = (
+            sum(r.totals.get("total_j", 0.0) for r in headline) if _complete(headline) else None
+        )
+        section["attributed_j"] = (
+            sum(r.totals.get("attributed_j", 0.0) for r in headline) if _complete(headline) else None
+        )
+        section["idle_j"] = (
+            sum(r.totals.get("idle_j", 0.0) for r in headline) if _complete(headline) else None
+        )
+    frame = pl.DataFrame(columns)
+    return records.join(frame, on="request_id", how="left"), section
+
+
+def _complete(results: list[MeterResult]) -> bool:
+    return all("total_j" in r.totals for r in results)
+
+
+def _combine(provenances: list[str]) -> str:
+    for worst in ("missing", "imputed", "estimated", "integrated"):
+        if worst in provenances:
+            return worst
+    return "measured"
+
+
+def _nullable(values: np.ndarray) -> list[float | None]:
+    return [None if not np.isfinite(v) else float(v) for v in values]

@@ -1,0 +1,218 @@
+"""One request as measured: raw events on the run clock and the metrics derived from them.
+
+Definitions (DESIGN.md rule 3), all times relative to the run's start on one monotonic clock:
+
+- ``ttft_s`` = first token-bearing chunk − sent; null when no token arrived (never 0).
+- ``e2e_latency_s`` = last token chunk − sent; ``stream_time_s`` = stream closed − sent.
+- ``tpot_s`` = (e2e_latency − ttft) / (output_tokens − 1), defined for output_tokens ≥ 2.
+- ``itl_s`` = gaps between successive token-bearing chunks, with ``chunk_tokens`` beside them.
+- ``queue_s`` = dispatched − scheduled: time the harness held the request before sending it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import polars as pl
+
+NS = 1_000_000_000
+
+
+class Status(StrEnum):
+    OK = "ok"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+
+class ErrorType(StrEnum):
+    CONNECT = "connect_error"  # could not open a connection
+    TIMEOUT = "timeout"  # connect or read timeout
+    HTTP = "http_error"  # non-2xx status
+    STREAM = "stream_error"  # an error object inside a 200 stream
+    DISCONNECT = "disconnected"  # the server closed the stream before [DONE]
+    MALFORMED = "malformed_event"  # an SSE event that is not valid JSON
+    CANCELLED = "cancelled"  # the run was interrupted while this request was in flight
+    OTHER = "other"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Everything measured for one request. Times are ns since run start (None: never happened)."""
+
+    request_id: int
+    query_id: str
+    dataset: str
+    prompt: str
+    reference: str | None = None
+    warmup: bool = False
+    # timing events
+    scheduled_ns: int = 0
+    dispatched_ns: int | None = None
+    sent_ns: int | None = None
+    headers_ns: int | None = None
+    first_event_ns: int | None = None
+    first_token_ns: int | None = None
+    last_token_ns: int | None = None
+    closed_ns: int | None = None
+    # one entry per token-bearing chunk: arrival time, token count, server send time (if sent)
+    chunk_ns: list[int] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    chunk_server_ns: list[int | None] = field(default_factory=list)
+    # content
+    answer: str = ""
+    reasoning: str = ""
+    finish_reason: str | None = None
+    # token counts: from the server's usage when it sent one
+    prompt_tokens: int | None = None
+    usage_output_tokens: int | None = None
+    # outcome
+    status: Status = Status.OK
+    http_status: int | None = None
+    error_type: ErrorType | None = None
+    error_message: str | None = None
+    correct: bool | None = None
+
+    # -- derived metrics ----------------------------------------------------------------------
+
+    @property
+    def chunk_count(self) -> int:
+        return len(self.chunk_ns)
+
+    @property
+    def output_tokens(self) -> int | None:
+        if self.usage_output_tokens is not None:
+            return self.usage_output_tokens
+        return sum(self.chunk_tokens) if self.chunk_ns else None
+
+    @property
+    def output_tokens_source(self) -> str | None:
+        if self.usage_output_tokens is not None:
+            return "usage"
+        return "chunks" if self.chunk_ns else None
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.first_token_ns is None or self.sent_ns is None:
+            return None
+        return (self.first_token_ns - self.sent_ns) / NS
+
+    @property
+    def e2e_latency_s(self) -> float | None:
+        if self.last_token_ns is None or self.sent_ns is None:
+            return None
+        return (self.last_token_ns - self.sent_ns) / NS
+
+    @property
+    def stream_time_s(self) -> float | None:
+        if self.closed_ns is None or self.sent_ns is None:
+            return None
+        return (self.closed_ns - self.sent_ns) / NS
+
+    @property
+    def tpot_s(self) -> float | None:
+        tokens = self.output_tokens
+        ttft, e2e = self.ttft_s, self.e2e_latency_s
+        if tokens is None or tokens < 2 or ttft is None or e2e is None:
+            return None
+        return (e2e - ttft) / (tokens - 1)
+
+    @property
+    def itl_s(self) -> list[float]:
+        ts = self.chunk_ns
+        return [(b - a) / NS for a, b in itertools.pairwise(ts)]
+
+    @property
+    def queue_s(self) -> float | None:
+        if self.dispatched_ns is None:
+            return None
+        return (self.dispatched_ns - self.scheduled_ns) / NS
+
+    @property
+    def end_ns(self) -> int | None:
+        """When the request stopped occupying the server, as far as the client can tell."""
+        return self.closed_ns if self.closed_ns is not None else self.last_token_ns
+
+    def to_row(self) -> dict[str, object]:
+        return {
+            "request_id": self.request_id,
+            "query_id": self.query_id,
+            "dataset": self.dataset,
+            "warmup": self.warmup,
+            "prompt": self.prompt,
+            "reference": self.reference,
+            "answer": self.answer,
+            "reasoning": self.reasoning or None,
+            "finish_reason": self.finish_reason,
+            "correct": self.correct,
+            "status": str(self.status),
+            "http_status": self.http_status,
+            "error_type": str(self.error_type) if self.error_type else None,
+            "error_message": self.error_message,
+            "scheduled_ns": self.scheduled_ns,
+            "dispatched_ns": self.dispatched_ns,
+            "sent_ns": self.sent_ns,
+            "headers_ns": self.headers_ns,
+            "first_event_ns": self.first_event_ns,
+            "first_token_ns": self.first_token_ns,
+            "last_token_ns": self.last_token_ns,
+            "closed_ns": self.closed_ns,
+            "queue_s": self.queue_s,
+            "ttft_s": self.ttft_s,
+            "tpot_s": self.tpot_s,
+            "e2e_latency_s": self.e2e_latency_s,
+            "stream_time_s": self.stream_time_s,
+            "itl_s": self.itl_s,
+            "chunk_ns": self.chunk_ns,
+            "chunk_tokens": self.chunk_tokens,
+            "chunk_server_ns": self.chunk_server_ns if any(self.chunk_server_ns) else None,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "output_tokens_source": self.output_tokens_source,
+            "chunk_count": self.chunk_count,
+        }
+
+
+RECORD_SCHEMA: dict[str, pl.DataType] = {
+    "request_id": pl.Int64(),
+    "query_id": pl.String(),
+    "dataset": pl.String(),
+    "warmup": pl.Boolean(),
+    "prompt": pl.String(),
+    "reference": pl.String(),
+    "answer": pl.String(),
+    "reasoning": pl.String(),
+    "finish_reason": pl.String(),
+    "correct": pl.Boolean(),
+    "status": pl.String(),
+    "http_status": pl.Int32(),
+    "error_type": pl.String(),
+    "error_message": pl.String(),
+    "scheduled_ns": pl.Int64(),
+    "dispatched_ns": pl.Int64(),
+    "sent_ns": pl.Int64(),
+    "headers_ns": pl.Int64(),
+    "first_event_ns": pl.Int64(),
+    "first_token_ns": pl.Int64(),
+    "last_token_ns": pl.Int64(),
+    "closed_ns": pl.Int64(),
+    "queue_s": pl.Float64(),
+    "ttft_s": pl.Float64(),
+    "tpot_s": pl.Float64(),
+    "e2e_latency_s": pl.Float64(),
+    "stream_time_s": pl.Float64(),
+    "itl_s": pl.List(pl.Float64()),
+    "chunk_ns": pl.List(pl.Int64()),
+    "chunk_tokens": pl.List(pl.Int32()),
+    "chunk_server_ns": pl.List(pl.Int64()),
+    "prompt_tokens": pl.Int64(),
+    "output_tokens": pl.Int64(),
+    "output_tokens_source": pl.String(),
+    "chunk_count": pl.Int64(),
+}
+
+
+def records_frame(records: list[RequestRecord]) -> pl.DataFrame:
+    """A typed polars frame of records, the schema of ``records.arrow`` before energy columns."""
+    return pl.DataFrame([r.to_row() for r in records], schema=RECORD_SCHEMA, orient="row")

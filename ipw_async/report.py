@@ -1,0 +1,66 @@
+"""The end-of-run summary table, from a run's summary.json contents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value * 1000:,.1f} ms"
+
+
+def _num(value: float | None, fmt: str = ",.1f", unit: str = "") -> str:
+    return "—" if value is None else f"{value:{fmt}}{unit}"
+
+
+def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
+    """Headline figures of a run; a figure that was not measured shows as — (never 0)."""
+    title = "ipw-async run" + (" [SIMULATED]" if summary.get("simulated") else "")
+    status = "complete" if summary.get("complete") else "PARTIAL"
+    table = Table(title=f"{title} — {status}", show_header=True, header_style="bold", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    req = summary.get("requests", {})
+    thr = summary.get("throughput", {})
+    lat = summary.get("latency_s", {})
+    acc = summary.get("accuracy", {})
+    table.add_row("model", str(summary.get("model")))
+    table.add_row("requests ok / measured", f"{req.get('ok', 0)} / {req.get('measured', 0)}")
+    errors = req.get("errors_by_type") or {}
+    if errors:
+        table.add_row("errors", ", ".join(f"{k} {v}" for k, v in errors.items()))
+    table.add_row("window", _num(summary.get("window_s"), ",.2f", " s"))
+    table.add_row("requests/s", _num(thr.get("requests_per_s"), ",.2f"))
+    table.add_row("output tokens/s", _num(thr.get("output_tokens_per_s"), ",.0f"))
+    for name in ("ttft", "tpot", "e2e"):
+        dist = lat.get(name, {})
+        table.add_row(f"{name} p50 / p99", f"{_ms(dist.get('p50'))} / {_ms(dist.get('p99'))}")
+    if acc.get("scored"):
+        table.add_row("accuracy", f"{acc['accuracy']:.1%} of {acc['scored']}")
+    energy = summary.get("energy", {})
+    if energy.get("total_j") is not None:
+        total, idle = energy["total_j"], energy.get("idle_j") or 0.0
+        table.add_row(
+            f"energy ({', '.join(energy.get('headline_meters', []))})",
+            f"{total:,.1f} J: {energy.get('attributed_j', 0):,.1f} J to queries, {idle:,.1f} J idle"
+            f" ({idle / total:.0%})"
+            if total
+            else "—",
+        )
+        per_query = energy.get("per_query_j", {})
+        table.add_row(
+            "J/query p50 (mean)",
+            f"{_num(per_query.get('p50'), ',.2f')} ({_num(per_query.get('mean'), ',.2f')})",
+        )
+        table.add_row("J/output token", _num(energy.get("j_per_output_token"), ",.3f"))
+        errs = [m.get("conservation_error") for m in energy.get("meters", {}).values()]
+        errs = [abs(e) for e in errs if e is not None]
+        if errs:
+            table.add_row("conservation error", f"{max(errs):.2e}")
+    elif energy.get("skipped") is not None:
+        table.add_row("energy", "not measured (no energy source)")
+    if run_dir:
+        table.add_row("run directory", run_dir)
+    return table

@@ -1,0 +1,7 @@
+"""The built-in simulator: an OpenAI-compatible server and a simulated device (all SIMULATED)."""
+
+from .engine import EngineConfig
+from .process import SimulatorError, SimulatorProcess
+from .server import SIM_MODEL, Faults, SimConfig, serve
+
+__all__ = ["SIM_MODEL", "EngineConfig", "Faults", "SimConfig", "SimulatorError", "SimulatorProcess", "serve"]

@@ -1,0 +1,363 @@
+"""The simulator's OpenAI-compatible HTTP server (aiohttp), with seeded answers and faults."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from .._clock import now_ns
+from ..datasets import qa_pairs, question_of
+from .engine import Engine, EngineConfig, SimRequest
+
+SIM_MODEL = "sim-small"
+READY_PREFIX = "IPW_SIM_READY"
+
+_FILLER = [
+    "Let",
+    "me",
+    "think",
+    "about",
+    "this",
+    "step",
+    "by",
+    "step.",
+    "The",
+    "question",
+    "asks",
+    "for",
+    "a",
+    "short",
+    "fact,",
+    "so",
+    "I",
+    "recall",
+    "what",
+    "I",
+    "know",
+    "and",
+    "check",
+    "it",
+    "against",
+    "related",
+    "facts",
+    "before",
+    "I",
+    "answer.",
+    "Considering",
+    "the",
+    "context",
+    "carefully",
+]
+
+
+@dataclass
+class Faults:
+    """Probabilities (per request, seeded) of each injected failure."""
+
+    http_error: float = 0.0  # HTTP 500 before any byte of the stream
+    error_event: float = 0.0  # an error object inside the 200 stream, then close
+    disconnect: float = 0.0  # the connection drops mid-stream
+    malformed: float = 0.0  # one event that is not JSON
+    stall: float = 0.0  # the stream pauses stall_s mid-way
+    stall_s: float = 2.0
+
+
+@dataclass
+class SimConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    faults: Faults = field(default_factory=Faults)
+    seed: int = 0
+    accuracy: float = 0.8
+    output_median: int = 48
+    output_sigma: float = 0.6
+    model: str = SIM_MODEL
+
+
+def _rng(seed: int, *parts: str) -> random.Random:
+    digest = hashlib.blake2b("\x1f".join((str(seed), *parts)).encode(), digest_size=8).digest()
+    return random.Random(int.from_bytes(digest, "little"))
+
+
+def count_tokens(text: str) -> int:
+    return max(1, (len(text) + 3) // 4)
+
+
+class Responder:
+    """Decides what the model says: deterministic for a (seed, prompt) pair."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.answers = dict(qa_pairs())
+        self._all_answers = sorted(set(self.answers.values()))
+
+    def _answer(self, question: str, rng: random.Random) -> str:
+        right = self.answers[question]
+        if rng.random() < self.config.accuracy:
+            return right
+        if right.lstrip("-").isdigit():
+            return str(int(right) + rng.choice((-2, -1, 1, 2, 10)))
+        return rng.choice([a for a in self._all_answers if a != right])
+
+    def tokens(
+        self, prompt: str, chat: bool, max_tokens: int, ignore_eos: bool, stop: list[str]
+    ) -> tuple[list[str], str]:
+        """Output tokens and finish reason."""
+        cfg = self.config
+        rng = _rng(cfg.seed, prompt)
+        question = question_of(prompt)
+        if ignore_eos or question not in self.answers:
+            n = (
+                max_tokens
+                if ignore_eos
+                else round(rng.lognormvariate(0, cfg.output_sigma) * cfg.output_median)
+            )
+            n = max(1, n)
+            words = [" " + rng.choice(_FILLER) for _ in range(min(n, max_tokens))]
+            return words, "length" if n >= max_tokens else "stop"
+        answer = self._answer(question, rng)
+        if chat:
+            n = max(0, round(rng.lognormvariate(0, cfg.output_sigma) * cfg.output_median) - 4)
+            words = [" " + w for w in _FILLER[: min(n, len(_FILLER))]]
+            words += [f" {w}" for w in f"The answer is {answer}.".split()]
+        else:
+            words = [f" {w}" for w in answer.split()]
+            if "\n" not in stop:
+                words += ["\n", "Q:"]
+        if len(words) > max_tokens:
+            return words[:max_tokens], "length"
+        return words, "stop"
+
+
+def _error_body(message: str, kind: str, code: int) -> dict[str, object]:
+    return {"error": {"message": message, "type": kind, "code": code}}
+
+
+class SimServer:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.engine = Engine(config.engine)
+        self.responder = Responder(config)
+        self._ids = 0
+        self.app = web.Application()
+        self.app.add_routes(
+            [
+                web.post("/v1/chat/completions", self.chat),
+                web.post("/v1/completions", self.completions),
+                web.get("/v1/models", self.models),
+                web.get("/health", self.health),
+                web.get("/sim/device", self.device),
+                web.get("/sim/truth", self.truth),
+            ]
+        )
+        self.app.on_startup.append(self._start)
+        self.app.on_cleanup.append(self._stop)
+
+    async def _start(self, _: web.Application) -> None:
+        self.engine.start()
+
+    async def _stop(self, _: web.Application) -> None:
+        await self.engine.stop()
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "simulated": True})
+
+    async def models(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": self.config.model, "object": "model", "owned_by": "ipw-async-simulator"}],
+            }
+        )
+
+    async def device(self, _: web.Request) -> web.Response:
+        return web.json_response(self.engine.device.readout())
+
+    async def truth(self, _: web.Request) -> web.Response:
+        return web.json_response(self.engine.truth())
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return web.json_response(
+                _error_body("request body is not JSON", "invalid_request_error", 400), status=400
+            )
+        if body.get("model") != self.config.model:
+            msg = f"The model `{body.get('model')}` does not exist."
+            return web.json_response(_error_body(msg, "NotFoundError", 404), status=404)
+        if chat:
+            messages = body.get("messages") or []
+            prompt = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+            prompt_tokens = count_tokens(prompt) + 4 * len(messages)
+        else:
+            prompt = str(body.get("prompt", ""))
+            prompt_tokens = count_tokens(prompt)
+        stop = body.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 256)
+        tokens, finish = self.responder.tokens(prompt, chat, max_tokens, bool(body.get("ignore_eos")), stop)
+        self._ids += 1
+        key = request.headers.get("x-ipw-request-id") or f"sim-{self._ids}"
+        faults = self.config.faults
+        rng = _rng(self.config.seed, "faults", key, prompt)
+        if rng.random() < faults.http_error:
+            return web.json_response(_error_body("simulated server error", "server_error", 500), status=500)
+        sim_request = SimRequest(key=key, prompt_tokens=prompt_tokens, tokens=tokens, finish_reason=finish)
+        self.engine.submit(sim_request)
+        ctx = _Stream(
+            chat=chat,
+            model=self.config.model,
+            rid=f"{'chatcmpl' if chat else 'cmpl'}-{self._ids}",
+            prompt_tokens=prompt_tokens,
+            tokens=tokens,
+            finish=finish,
+        )
+        try:
+            if not body.get("stream"):
+                return web.json_response(await ctx.collect(sim_request))
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return await ctx.stream(request, sim_request, include_usage, faults, rng)
+        finally:
+            if sim_request.finished_ns is None:
+                self.engine.abort(sim_request)
+
+
+@dataclass
+class _Stream:
+    chat: bool
+    model: str
+    rid: str
+    prompt_tokens: int
+    tokens: list[str]
+    finish: str
+
+    def _chunk(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, object]:
+        if self.chat:
+            delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, object] = {"index": 0, "delta": delta, "finish_reason": finish}
+            kind = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish}
+            kind = "text_completion"
+        return {
+            "id": self.rid,
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+        }
+
+    def _usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": len(self.tokens),
+            "total_tokens": self.prompt_tokens + len(self.tokens),
+        }
+
+    async def collect(self, sim_request: SimRequest) -> dict[str, object]:
+        parts = []
+        while (token := await sim_request.out.get()) is not None:
+            parts.append(token)
+        text = "".join(parts)
+        choice: dict[str, object] = (
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": self.finish}
+            if self.chat
+            else {"index": 0, "text": text, "finish_reason": self.finish}
+        )
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {
+            "id": self.rid,
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": self._usage(),
+        }
+
+    async def stream(
+        self,
+        request: web.Request,
+        sim_request: SimRequest,
+        include_usage: bool,
+        faults: Faults,
+        rng: random.Random,
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        n = len(self.tokens)
+        fail_at = rng.randrange(n) if n else 0
+        error_event = rng.random() < faults.error_event
+        disconnect = rng.random() < faults.disconnect
+        malformed = rng.random() < faults.malformed
+        stall = rng.random() < faults.stall
+        if self.chat:  # a role-only first chunk, as vLLM and llama.cpp send
+            await resp.write(_sse(self._chunk(None, None, role=True)))
+        # Token chunks go out through a fixed template: the per-token path of a zero-delay
+        # benchmark must cost the server as little as the client.
+        template = json.dumps(self._chunk("\x00", None)).replace("%", "%%").replace('"\\u0000"', "%s")
+        template = "data: " + template[:-1] + ', "ipw_sent_ns": %d, "ipw_tokens": 1}\n\n'
+        i = 0
+        while (token := await sim_request.out.get()) is not None:
+            if i == fail_at:
+                if error_event:
+                    await resp.write(_sse(_error_body("simulated engine failure", "server_error", 500)))
+                    return resp
+                if disconnect:
+                    assert request.transport is not None
+                    request.transport.close()
+                    return resp
+                if malformed:
+                    await resp.write(b'data: {"choices": [{"delta": \n\n')
+                if stall:
+                    await asyncio.sleep(faults.stall_s)
+            await resp.write((template % (json.dumps(token), now_ns())).encode())
+            i += 1
+        await resp.write(_sse(self._chunk(None if self.chat else "", self.finish)))
+        if include_usage:
+            final = self._chunk(None, None)
+            final["choices"] = []
+            final["usage"] = self._usage()
+            await resp.write(_sse(final))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def _sse(payload: dict[str, object]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+async def serve(config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> None:
+    """Serve until cancelled; print the ready line (host and bound port) on stdout."""
+    server = SimServer(config)
+    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=4096)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    print(f"{READY_PREFIX} {host} {bound}", flush=True)
+    print(
+        f"ipw-async simulator (SIMULATED server and device) serving model {config.model!r} "
+        f"on http://{host}:{bound}/v1",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,88 @@
+"""Live counters of a run, updated per completed request and read by progress displays."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from ._clock import now_ns
+from .records import RequestRecord, Status
+
+NS = 1_000_000_000
+
+
+@dataclass
+class MeterState:
+    """What a display shows for one energy meter: unavailable until a reading arrives."""
+
+    name: str
+    available: bool = True
+    reason: str | None = None  # why it is unavailable
+    power_w: float | None = None
+    energy_j: float | None = None  # since the run started
+    estimate: bool = False
+
+
+@dataclass
+class RunState:
+    """Aggregates only: a display reads these, never the per-event data."""
+
+    label: str
+    simulated: bool
+    target_in_flight: int | None
+    planned: int | None  # requests to send, when known
+    duration_s: float | None
+    started_ns: int = field(default_factory=now_ns)
+    phase: str = "starting"  # starting | baseline | warmup | measuring | finishing | done
+    in_flight: int = 0
+    done: int = 0
+    ok: int = 0
+    failed: int = 0
+    output_tokens: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    # (completion time, output tokens) of recent requests, for rolling rates
+    recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=4096))
+    ttft_s: deque[float] = field(default_factory=lambda: deque(maxlen=512))
+    tpot_s: deque[float] = field(default_factory=lambda: deque(maxlen=512))
+    meters: dict[str, MeterState] = field(default_factory=dict)
+    sampler_lateness_ms: float | None = None  # recent p99
+    loop_lag_ms: float | None = None  # recent p99
+    run_dir: str | None = None
+
+    def started(self) -> None:
+        self.in_flight += 1
+
+    def finished(self, record: RequestRecord) -> None:
+        self.in_flight -= 1
+        if record.warmup:
+            return
+        self.done += 1
+        t = now_ns()
+        if record.status is Status.OK:
+            self.ok += 1
+            tokens = record.output_tokens or 0
+            self.output_tokens += tokens
+            self.recent.append((t, tokens))
+            if (ttft := record.ttft_s) is not None:
+                self.ttft_s.append(ttft)
+            if (tpot := record.tpot_s) is not None:
+                self.tpot_s.append(tpot)
+        else:
+            self.failed += 1
+            self.errors[str(record.error_type)] += 1
+
+    def elapsed_s(self) -> float:
+        return (now_ns() - self.started_ns) / NS
+
+    def rates(self, window_s: float = 5.0) -> tuple[float, float]:
+        """Requests/s and output tokens/s over the last ``window_s`` seconds."""
+        t = now_ns()
+        since = t - int(window_s * NS)
+        n = tokens = 0
+        for when, tok in reversed(self.recent):
+            if when < since:
+                break
+            n += 1
+            tokens += tok
+        span = min(window_s, self.elapsed_s()) or 1.0
+        return n / span, tokens / span

@@ -1,0 +1,91 @@
+"""Latency and throughput statistics over the measured (non-warmup) requests of a run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+PERCENTILES = (50, 90, 95, 99, 99.9)
+
+
+def distribution(values: np.ndarray | list[float]) -> dict[str, float | int | None]:
+    """count, mean, min, max and the standard percentiles; nulls when there are no values."""
+    arr = np.asarray(values, dtype=float)
+    arr = arr[np.isfinite(arr)]
+    out: dict[str, float | int | None] = {"count": int(arr.size)}
+    if arr.size == 0:
+        out |= {"mean": None, "min": None, "max": None} | {f"p{p:g}": None for p in PERCENTILES}
+        return out
+    pcts = np.percentile(arr, PERCENTILES)
+    out |= {"mean": float(arr.mean()), "min": float(arr.min()), "max": float(arr.max())}
+    out |= {f"p{p:g}": float(v) for p, v in zip(PERCENTILES, pcts, strict=True)}
+    return out
+
+
+def measured(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.filter(~pl.col("warmup"))
+
+
+def window_s(frame: pl.DataFrame) -> float | None:
+    """The measured window: first request sent to last stream closed, in seconds."""
+    if frame.is_empty():
+        return None
+    start = frame.get_column("sent_ns").min()
+    end = frame.select(pl.coalesce("closed_ns", "last_token_ns", "sent_ns").max()).item()
+    if start is None or end is None or end <= start:
+        return None
+    return (end - start) / 1e9  # type: ignore[operator]
+
+
+def latency_stats(frame: pl.DataFrame) -> dict[str, Any]:
+    """Request counts, throughput and latency distributions, as ``summary.json`` reports them."""
+    m = measured(frame)
+    ok = m.filter(pl.col("status") == "ok")
+    window = window_s(m)
+    out_tokens = ok.get_column("output_tokens").drop_nulls()
+    errors = (
+        m.filter(pl.col("status") != "ok").group_by("error_type").len().sort("error_type").iter_rows()
+        if m.height
+        else []
+    )
+    scored = ok.filter(pl.col("correct").is_not_null())
+    correct = int(scored.get_column("correct").sum()) if scored.height else 0
+    itl = ok.get_column("itl_s").explode().drop_nulls().to_numpy() if ok.height else np.array([])
+    return {
+        "requests": {
+            "total": frame.height,
+            "warmup": frame.height - m.height,
+            "measured": m.height,
+            "ok": ok.height,
+            "failed": m.height - ok.height,
+            "errors_by_type": {str(k): int(v) for k, v in errors},
+        },
+        "window_s": window,
+        "throughput": {
+            "requests_per_s": ok.height / window if window else None,
+            "output_tokens_per_s": float(out_tokens.sum()) / window if window and out_tokens.len() else None,
+            "output_tokens_total": int(out_tokens.sum()) if out_tokens.len() else None,
+            "output_tokens_source": _token_source(ok),
+        },
+        "accuracy": {
+            "scored": scored.height,
+            "correct": correct,
+            "accuracy": correct / scored.height if scored.height else None,
+        },
+        "latency_s": {
+            "ttft": distribution(ok.get_column("ttft_s").drop_nulls().to_numpy()),
+            "tpot": distribution(ok.get_column("tpot_s").drop_nulls().to_numpy()),
+            "itl": distribution(itl),
+            "e2e": distribution(ok.get_column("e2e_latency_s").drop_nulls().to_numpy()),
+            "queue": distribution(m.get_column("queue_s").drop_nulls().to_numpy()),
+        },
+    }
+
+
+def _token_source(ok: pl.DataFrame) -> str | None:
+    sources = set(ok.get_column("output_tokens_source").drop_nulls().unique().to_list())
+    if not sources:
+        return None
+    return sources.pop() if len(sources) == 1 else "mixed"

@@ -1,0 +1,79 @@
+"""Telemetry: sources behind one interface, the sampler, and the log it keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .base import Meter, Quantity, Reading, SourceInfo, SourceUnavailable, TelemetrySource
+from .sampler import OpenSource, Sampler, TelemetryLog
+from .sim import SimDeviceSource
+from .sources import available_source_names, make_source
+
+
+@dataclass
+class TelemetrySetup:
+    opened: list[OpenSource] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # source name -> why
+
+    def close(self) -> None:
+        for s in self.opened:
+            s.source.close()
+
+
+def _names(spec: str, simulated: bool) -> list[str]:
+    if spec == "none":
+        return []
+    if spec == "auto":
+        # The simulated device stands in for the GPU; a real GPU beside it would measure
+        # something other than the simulated server.
+        return ["sim", "rapl", "psutil"] if simulated else ["nvml", "rapl", "psutil"]
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    valid = {*available_source_names(), "sim"}
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(
+            f"unknown telemetry source {', '.join(unknown)}; choose auto, none or a list of "
+            f"{', '.join(sorted(valid))}"
+        )
+    return names
+
+
+def open_sources(
+    spec: str, *, sim_root_url: str | None = None, gpus: Sequence[str] | None = None
+) -> TelemetrySetup:
+    """Open what ``spec`` names (``auto``, ``none`` or a comma list); unavailable ones are skipped
+    with their reason. With ``auto``, a CPU power estimate stands in when RAPL is unavailable."""
+    setup = TelemetrySetup()
+    names = _names(spec, sim_root_url is not None)
+    for name in names:
+        if name == "sim":
+            if sim_root_url is None:
+                setup.skipped[name] = "no simulator in this run"
+                continue
+            source: TelemetrySource = SimDeviceSource(sim_root_url)
+        else:
+            source = make_source(name, gpus=gpus)
+        try:
+            setup.opened.append(OpenSource(source, source.open()))
+        except SourceUnavailable as exc:
+            setup.skipped[name] = str(exc)
+    if spec == "auto" and "rapl" in setup.skipped:
+        source = make_source("cpu-model")
+        setup.opened.append(OpenSource(source, source.open()))
+    return setup
+
+
+__all__ = [
+    "Meter",
+    "OpenSource",
+    "Quantity",
+    "Reading",
+    "Sampler",
+    "SourceInfo",
+    "SourceUnavailable",
+    "TelemetryLog",
+    "TelemetrySetup",
+    "TelemetrySource",
+    "open_sources",
+]

@@ -1,0 +1,126 @@
+"""The one small interface every telemetry source implements."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from .._clock import now_ns
+
+
+class SourceUnavailable(Exception):
+    """A source cannot run on this machine; the message says why, in one sentence."""
+
+
+class Quantity(StrEnum):
+    """What a column measures; the suffix of its name (``<channel>.<quantity>``)."""
+
+    ENERGY_J = "energy_j"  # cumulative counter, joules, made monotonic by CounterTracker
+    POWER_W = "power_w"  # instantaneous
+    AVG_POWER_W = "avg_power_w"  # averaged by the device over its own window (NVML: ~1 s)
+    UTIL_PCT = "util_pct"
+    MEM_USED_MB = "mem_used_mb"
+    TEMP_C = "temp_c"
+    RSS_MB = "rss_mb"
+
+
+@dataclass(frozen=True)
+class Meter:
+    """A channel that measures energy: one GPU, one RAPL domain, the simulated device.
+
+    ``kind`` says how its energy is known: ``counter`` (cumulative energy column), ``power``
+    (power column only, integrated) or ``estimate`` (a model, not a measurement).
+    ``accelerator`` meters form a run's headline energy.
+    """
+
+    channel: str
+    kind: str
+    accelerator: bool = False
+    # the column a power-only meter integrates (the simulator may expose only averaged power)
+    power_quantity: str = Quantity.POWER_W
+    source: str = ""  # the source's name, set by the sampler: its time column is <source>.t_ns
+
+    @property
+    def energy_column(self) -> str:
+        return f"{self.channel}.{Quantity.ENERGY_J}"
+
+    @property
+    def power_column(self) -> str:
+        return f"{self.channel}.{self.power_quantity}"
+
+
+@dataclass
+class Reading:
+    """One read of a source: values by column name (None where this read failed)."""
+
+    values: dict[str, float | None]
+    # The instant the values describe, on the run clock. Sources that carry their own
+    # timestamp (the simulator) set it; otherwise the sampler uses the read's midpoint.
+    t_ns: int | None = None
+
+
+@dataclass
+class SourceInfo:
+    """What a source found when it opened: its columns, meters and a one-line description."""
+
+    columns: list[str]
+    meters: list[Meter] = field(default_factory=list)
+    description: str = ""
+
+
+class TelemetrySource(abc.ABC):
+    """A hardware (or simulated) sensor read by the sampler.
+
+    ``open`` raises :class:`SourceUnavailable` with a reason a user can act on. ``read`` is
+    blocking and is called from a worker thread, never on the event loop; it must not raise
+    for a transient failure but return None values instead.
+    """
+
+    name: str
+
+    @abc.abstractmethod
+    def open(self) -> SourceInfo: ...
+
+    @abc.abstractmethod
+    def read(self) -> Reading: ...
+
+    def close(self) -> None:  # noqa: B027 - most sources hold nothing to release
+        pass
+
+
+class CounterTracker:
+    """Turns a raw hardware energy counter into a monotonic one.
+
+    With ``wrap_at`` (RAPL's ``max_energy_range_uj``) a decrease is a wrap-around and adds the
+    range. Without it (NVML) a decrease is a counter reset: the energy between the last read
+    and the reset is unknown, so the counter continues from its last value and ``resets``
+    counts the event; it never yields negative energy.
+    """
+
+    def __init__(self, wrap_at: float | None = None) -> None:
+        self.wrap_at = wrap_at
+        self.resets = 0
+        self.wraps = 0
+        self._offset = 0.0
+        self._last_raw: float | None = None
+
+    def update(self, raw: float) -> float:
+        last = self._last_raw
+        if last is not None and raw < last:
+            if self.wrap_at is not None:
+                self._offset += self.wrap_at
+                self.wraps += 1
+            else:
+                self._offset += last
+                self.resets += 1
+        self._last_raw = raw
+        return self._offset + raw
+
+
+def timed_read(read: Callable[[], Reading]) -> tuple[Reading, int, int]:
+    """Call a blocking read; return it with its start time and its latency in ns."""
+    start = now_ns()
+    reading = read()
+    return reading, start, now_ns() - start

@@ -1,0 +1,86 @@
+"""The simulator's device, read as NVML would be read: a counter in mJ, instant and average power."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from urllib.parse import urlsplit
+
+from .._clock import now_ns
+from .base import CounterTracker, Meter, Quantity, Reading, SourceInfo, SourceUnavailable, TelemetrySource
+
+
+class SimDeviceSource(TelemetrySource):
+    """Reads ``GET /sim/device`` over one kept-alive connection (from the sampler's thread).
+
+    The device stamps each readout on the shared monotonic clock, so the sample time is the
+    device's, not the moment the HTTP answer came back.
+    """
+
+    name = "sim"
+
+    def __init__(self, root_url: str, timeout: float = 2.0) -> None:
+        parts = urlsplit(root_url)
+        self._host = parts.hostname or "127.0.0.1"
+        self._port = parts.port or 80
+        self._timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+        self.counter = CounterTracker()
+        self._columns: list[str] = []
+
+    def _fetch(self) -> dict[str, float | None]:
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        try:
+            self._conn.request("GET", "/sim/device")
+            response = self._conn.getresponse()
+            return json.loads(response.read())
+        except (OSError, http.client.HTTPException, ValueError):
+            self._conn.close()
+            self._conn = None
+            raise
+
+    def open(self) -> SourceInfo:
+        try:
+            first = self._fetch()
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise SourceUnavailable(f"no simulated device at {self._host}:{self._port} ({exc})") from None
+        self._columns = []
+        meters = []
+        if first.get("energy_mj") is not None:
+            self._columns.append(f"sim.{Quantity.ENERGY_J}")
+            meters.append(Meter("sim", "counter", accelerator=True))
+        if first.get("power_w") is not None:
+            self._columns.append(f"sim.{Quantity.POWER_W}")
+        if first.get("avg_power_w") is not None:
+            self._columns.append(f"sim.{Quantity.AVG_POWER_W}")
+        if not meters and f"sim.{Quantity.POWER_W}" in self._columns:
+            meters.append(Meter("sim", "power", accelerator=True))
+        elif not meters and f"sim.{Quantity.AVG_POWER_W}" in self._columns:
+            meters.append(Meter("sim", "power", accelerator=True, power_quantity=Quantity.AVG_POWER_W))
+        return SourceInfo(
+            columns=self._columns,
+            meters=meters,
+            description="SIMULATED device: " + ", ".join(c.split(".", 1)[1] for c in self._columns),
+        )
+
+    def read(self) -> Reading:
+        try:
+            raw = self._fetch()
+        except (OSError, http.client.HTTPException, ValueError):
+            return Reading({c: None for c in self._columns})
+        energy_mj = raw.get("energy_mj")
+        values: dict[str, float | None] = {
+            f"sim.{Quantity.ENERGY_J}": None if energy_mj is None else self.counter.update(energy_mj / 1000),
+            f"sim.{Quantity.POWER_W}": raw.get("power_w"),
+            f"sim.{Quantity.AVG_POWER_W}": raw.get("avg_power_w"),
+        }
+        t = raw.get("t_ns")
+        return Reading(
+            {c: values.get(c) for c in self._columns},
+            t_ns=int(t) if isinstance(t, int | float) else now_ns(),
+        )
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
