@@ -78,6 +78,7 @@ def execute(config: RunConfig, display: Any) -> int:
 
 @app.command()
 def run(
+    ctx: typer.Context,
     base_url: Annotated[
         str | None,
         typer.Option(
@@ -186,44 +187,57 @@ def run(
     With no --base-url this starts the built-in simulator (a real HTTP server in its own
     process, with a simulated device) and labels everything as simulated.
     """
-    config = RunConfig(
-        base_url=base_url,
-        model=model,
-        endpoint=endpoint,
-        api_key=api_key or os.environ.get("OPENAI_API_KEY") or None,
-        dataset=dataset,
-        prompt_column=prompt_column,
-        answer_column=answer_column,
-        scorer=scorer,
-        prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens,
-        length_sigma=length_sigma,
-        concurrency=concurrency,
-        rate=rate,
-        arrival=arrival,
-        burstiness=burstiness,
-        max_concurrency=max_concurrency,
-        warmup=warmup,
-        max_queries=max_queries,
-        duration=duration,
-        seed=seed,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        params=parse_params(param or []),
-        connect_timeout=connect_timeout,
-        read_timeout=read_timeout,
-        output_dir=output_dir,
-        overwrite=overwrite,
-        telemetry=telemetry,
-        gpus=[g.strip() for g in gpus.split(",")] if gpus else None,
-        sample_ms=sample_ms,
-        baseline_s=baseline_s,
-        baseline_w=baseline_w,
-        attribution=attribution,
-        prefill_weight=prefill_weight,
-    )
-    config.sim.seed = seed
+    config = config_from_options(ctx.params)
     raise typer.Exit(execute(config, _display(not no_dashboard, quiet)))
+
+
+def config_from_options(p: dict[str, Any]) -> RunConfig:
+    """A RunConfig from the ``run`` command's parsed options (also used by ``sweep``)."""
+    config = RunConfig(
+        base_url=p["base_url"],
+        model=p["model"],
+        endpoint=p["endpoint"],
+        api_key=p["api_key"] or os.environ.get("OPENAI_API_KEY") or None,
+        dataset=p["dataset"],
+        prompt_column=p["prompt_column"],
+        answer_column=p["answer_column"],
+        scorer=p["scorer"],
+        prompt_tokens=p["prompt_tokens"],
+        output_tokens=p["output_tokens"],
+        length_sigma=p["length_sigma"],
+        concurrency=p["concurrency"],
+        rate=p["rate"],
+        arrival=p["arrival"],
+        burstiness=p["burstiness"],
+        max_concurrency=p["max_concurrency"],
+        warmup=p["warmup"],
+        max_queries=p["max_queries"],
+        duration=p["duration"],
+        seed=p["seed"],
+        max_tokens=p["max_tokens"],
+        temperature=p["temperature"],
+        params=parse_params(p["param"] or []),
+        connect_timeout=p["connect_timeout"],
+        read_timeout=p["read_timeout"],
+        output_dir=p["output_dir"],
+        overwrite=p["overwrite"],
+        telemetry=p["telemetry"],
+        gpus=[g.strip() for g in p["gpus"].split(",")] if p["gpus"] else None,
+        sample_ms=p["sample_ms"],
+        baseline_s=p["baseline_s"],
+        baseline_w=p["baseline_w"],
+        attribution=p["attribution"],
+        prefill_weight=p["prefill_weight"],
+    )
+    config.sim.seed = config.seed
+    return config
+
+
+def run_options(args: list[str]) -> dict[str, Any]:
+    """Parse ``run`` options given to another command (``sweep`` passes them through)."""
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    with command.make_context("run", list(args)) as ctx:
+        return dict(ctx.params)
 
 
 @app.command()
@@ -309,6 +323,11 @@ def sim(
         pass
     except OSError as exc:
         raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+from .analysis.commands import register as _register_analysis  # noqa: E402 - needs `app`
+
+_register_analysis(app)
 
 
 def main() -> None:

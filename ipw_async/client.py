@@ -38,17 +38,29 @@ class ClientConfig:
 
 
 def _classify(exc: BaseException, streaming: bool) -> ErrorType:
-    """Map a transport exception (httpx over aiohttp) to what happened, from its root cause."""
-    cause: BaseException = exc
-    while cause.__cause__ is not None:
-        cause = cause.__cause__
-    if isinstance(cause, (TimeoutError, aiohttp.ServerTimeoutError, httpx.TimeoutException)):
+    """Map a transport failure to what happened.
+
+    The aiohttp exception under httpx's is the truth: the transport maps every aiohttp
+    connection error, a server hanging up mid-stream included, to httpx.ConnectTimeout.
+    """
+    chain: list[BaseException] = [exc]
+    while chain[-1].__cause__ is not None and len(chain) < 8:
+        chain.append(chain[-1].__cause__)
+    native = [e for e in chain if isinstance(e, aiohttp.ClientError | TimeoutError)]
+    for e in native:
+        if isinstance(e, aiohttp.ServerTimeoutError | TimeoutError):
+            return ErrorType.TIMEOUT
+        if isinstance(e, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
+            return ErrorType.DISCONNECT
+        if isinstance(e, aiohttp.ClientConnectorError):
+            return ErrorType.CONNECT
+        if isinstance(e, aiohttp.ClientConnectionError):
+            return ErrorType.DISCONNECT if streaming else ErrorType.CONNECT
+    if isinstance(exc, httpx.TimeoutException):
         return ErrorType.TIMEOUT
-    if isinstance(cause, aiohttp.ClientConnectorError | httpx.ConnectError) and not streaming:
+    if isinstance(exc, httpx.ConnectError):
         return ErrorType.CONNECT
-    if isinstance(cause, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError | httpx.ReadError):
-        return ErrorType.DISCONNECT
-    if isinstance(cause, aiohttp.ClientConnectionError | httpx.TransportError):
+    if isinstance(exc, httpx.TransportError):
         return ErrorType.DISCONNECT if streaming else ErrorType.CONNECT
     return ErrorType.OTHER
 

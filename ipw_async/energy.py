@@ -172,13 +172,19 @@ def _equal_segments(sent: np.ndarray, end: np.ndarray) -> Segments:
 
 
 def _density(bounds: np.ndarray, seg: Segments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Total density per elementary interval and each segment's interval index range."""
+    """Total density per elementary interval (0 exactly where no segment covers it) and each
+    segment's interval index range."""
     ia = np.searchsorted(bounds, seg.start)
     ib = np.searchsorted(bounds, seg.end)
     acc = np.zeros(bounds.size)
     np.add.at(acc, ia, seg.density)
     np.add.at(acc, ib, -seg.density)
-    return np.cumsum(acc)[:-1], ia, ib
+    # The running sum leaves float residue where coverage ends; an integer count says where
+    # it really is zero, so no energy is routed to an interval nobody occupies.
+    count = np.zeros(bounds.size, dtype=np.int64)
+    np.add.at(count, ia, 1)
+    np.add.at(count, ib, -1)
+    return np.where(np.cumsum(count)[:-1] > 0, np.cumsum(acc)[:-1], 0.0), ia, ib
 
 
 def _share(seg: Segments, ia: np.ndarray, ib: np.ndarray, per_density: np.ndarray, n: int) -> np.ndarray:
@@ -286,7 +292,8 @@ def _baseline_w(vc: VirtualCounter, meter: Meter, config: AttributionConfig) -> 
     if config.baseline_window_ns is None:
         return None
     a, b = config.baseline_window_ns
-    if b <= a or a < vc.t[0]:
+    a = max(float(a), float(vc.t[0]))  # the first sample lands a read latency after the window opens
+    if b - a < 0.25 * NS:
         return None
     return float((np.interp(b, vc.t, vc.e) - np.interp(a, vc.t, vc.e)) / ((b - a) / NS))
 

@@ -535,7 +535,7 @@ async def _finish(
     sim: SimulatorProcess | None,
 ) -> RunResult:
     """Attribute energy, then write records (with energy), telemetry, traces and the summary."""
-    records = io.read_arrow(run_dir / io.RECORDS)
+    records = io.read_arrow(run_dir / io.RECORDS).sort("request_id")
     tel = sampler.log.frame()
     energy_section: dict[str, Any] = {"meters": {}, "skipped": telemetry.skipped}
     if telemetry.opened:
@@ -550,7 +550,9 @@ async def _finish(
             )
             records, section = await anyio.to_thread.run_sync(lambda: attribute(tel, meters, records, cfg))
             energy_section |= section
-            io.write_frame(records, run_dir / io.RECORDS)
+    # Rewritten whole, in request order and with energy: the incremental file was only the
+    # crash-safe copy.
+    io.write_frame(records, run_dir / io.RECORDS)
     write_traces(run_dir / io.TRACES, traces_from_records(records))
     quality = sampler.quality()
     summary: dict[str, Any] = {

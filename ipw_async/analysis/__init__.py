@@ -1,0 +1,1 @@
+"""Turning run directories into answers: accuracy per joule, regressions, sweeps."""

@@ -1,0 +1,43 @@
+"""Shared fixtures: a real simulator process on loopback, and quick run configs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ipw_async.runner import RunConfig
+from ipw_async.sim import EngineConfig, Faults, SimConfig, SimulatorProcess
+
+
+def fast_engine(**overrides: object) -> EngineConfig:
+    """A quicker engine than the default so tests finish in seconds."""
+    return EngineConfig(**{"step_base_ms": 4.0, "step_per_seq_ms": 0.05, **overrides})  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def sim() -> Iterator[SimulatorProcess]:
+    with SimulatorProcess(SimConfig(engine=fast_engine(), output_median=16)) as process:
+        yield process
+
+
+@pytest.fixture(scope="session")
+def faulty_sim() -> Iterator[SimulatorProcess]:
+    faults = Faults(http_error=0.15, error_event=0.15, disconnect=0.15, malformed=0.15)
+    with SimulatorProcess(SimConfig(engine=fast_engine(), faults=faults, output_median=16)) as process:
+        yield process
+
+
+def quick_config(tmp_path: Path, **overrides: object) -> RunConfig:
+    config = RunConfig(
+        output_dir=tmp_path / "run",
+        max_queries=24,
+        concurrency=4,
+        baseline_s=0.2,
+        tail_s=0.2,
+        sim=SimConfig(engine=fast_engine(), output_median=16),
+    )
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config

@@ -1,0 +1,89 @@
+"""The command line as a user meets it: help text, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ipw_async.cli import app
+
+runner = CliRunner()
+
+
+def test_run_help_explains_every_option() -> None:
+    result = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert result.exit_code == 0
+    for option in (
+        "--base-url",
+        "--concurrency",
+        "--rate",
+        "--arrival",
+        "--burstiness",
+        "--max-concurrency",
+        "--warmup",
+        "--max-queries",
+        "--duration",
+        "--seed",
+        "--model",
+        "--endpoint",
+        "--max-tokens",
+        "--temperature",
+        "--param",
+        "--dataset",
+        "--prompt-column",
+        "--answer-column",
+        "--output-dir",
+        "--overwrite",
+        "--telemetry",
+        "--sample-ms",
+        "--baseline-s",
+        "--attribution",
+        "--api-key",
+    ):
+        assert option in result.output, option
+    assert "simulator" in result.output
+
+
+def test_sim_help() -> None:
+    result = runner.invoke(app, ["sim", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "--fault-disconnect" in result.output and "SIMULATED" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["run", "--base-url", "http://127.0.0.1:9/v1", "-n", "2"],
+            "cannot connect to http://127.0.0.1:9/v1",
+        ),
+        (["run", "--param", "no-equals"], "is not key=value"),
+        (["run", "--dataset", "missing.csv"], "neither 'qa', 'synthetic' nor an existing file"),
+    ],
+)
+def test_errors_are_one_line_with_exit_code_2(args: list[str], message: str, tmp_path: Path) -> None:
+    result = runner.invoke(app, [*args, "-o", str(tmp_path / "r")], env={"COLUMNS": "300"})
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_documented_command_runs_simulated_and_writes_runs_dir(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ipw_async", "run", "--concurrency", "16", "-n", "48", "--no-dashboard"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "SIMULATED" in proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.endswith("_sim-small_qa_sim_c16")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["complete"] and summary["requests"]["ok"] == 48
+    assert "to queries" in proc.stderr and "idle" in proc.stderr  # the energy it measured, split

@@ -1,0 +1,200 @@
+"""Attribution: conservation, interpolation, provenance, and agreement with the simulator's truth."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ipw_async import run_benchmark
+from ipw_async.energy import AttributionConfig, attribute, counter_knots
+from ipw_async.records import RequestRecord, records_frame
+from ipw_async.telemetry.base import Meter
+
+from .conftest import quick_config
+
+MS = 1_000_000
+COUNTER = Meter("dev", "counter", accelerator=True, source="dev")
+POWER = Meter("dev", "power", accelerator=True, source="dev")
+
+
+def telemetry(
+    t_ms: np.ndarray, energy: np.ndarray | None = None, power: np.ndarray | None = None
+) -> pl.DataFrame:
+    cols: dict[str, object] = {"t_ns": (t_ms * MS).astype(np.int64), "dev.t_ns": (t_ms * MS).astype(np.int64)}
+    if energy is not None:
+        cols["dev.energy_j"] = energy
+    if power is not None:
+        cols["dev.power_w"] = power
+    return pl.DataFrame(cols)
+
+
+def records(windows: list[tuple[int, int, int]], prompt_tokens: int = 10) -> pl.DataFrame:
+    """Requests from (sent_ms, first_token_ms, tokens) with one token chunk every 10 ms."""
+    recs = []
+    for i, (sent, first, tokens) in enumerate(windows):
+        chunks = [(first + 10 * k) * MS for k in range(tokens)]
+        recs.append(
+            RequestRecord(
+                request_id=i,
+                query_id=f"q{i}",
+                dataset="d",
+                prompt="p",
+                sent_ns=sent * MS,
+                first_token_ns=chunks[0] if chunks else None,
+                last_token_ns=chunks[-1] if chunks else None,
+                closed_ns=(chunks[-1] if chunks else first * MS) + MS,
+                chunk_ns=chunks,
+                chunk_tokens=[1] * tokens,
+                chunk_server_ns=[None] * tokens,
+                prompt_tokens=prompt_tokens,
+                usage_output_tokens=tokens,
+            )
+        )
+    return records_frame(recs)
+
+
+def test_linear_counter_is_interpolated_exactly() -> None:
+    t = np.arange(0, 1001, 50, dtype=float)
+    tel = telemetry(t, energy=t * 0.2)  # 200 W exactly
+    recs = records([(103, 137, 3)])  # an odd window between samples
+    out, _ = attribute(tel, [COUNTER], recs, AttributionConfig(rule="window"))
+    window_s = (out.get_column("closed_ns")[0] - 103 * MS) / 1e9
+    assert out.get_column("dev.window_j")[0] == pytest.approx(200 * window_s, rel=1e-9)
+    assert out.get_column("dev.provenance")[0] == "measured"
+
+
+def test_single_request_gets_everything_while_alone() -> None:
+    t = np.arange(0, 2001, 50, dtype=float)
+    tel = telemetry(t, energy=t * 0.3)
+    out, section = attribute(tel, [COUNTER], records([(500, 540, 40)]), AttributionConfig())
+    m = section["meters"]["dev"]
+    active_s = (out.get_column("closed_ns")[0] - 500 * MS) / 1e9
+    assert out.get_column("energy_j")[0] == pytest.approx(300 * active_s, rel=1e-9)
+    assert m["idle_j"] == pytest.approx(m["total_j"] - 300 * active_s, rel=1e-9)
+
+
+def test_stale_counter_reads_are_retimed_to_their_change() -> None:
+    # a counter updating every 100 ms, read every 50 ms: each value is seen twice
+    t = np.arange(0, 501, 50, dtype=float)
+    e = np.floor(t / 100) * 10.0
+    kt, ke = counter_knots(t, e)
+    assert ke.tolist() == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
+    assert kt.tolist() == [0.0, 75.0, 175.0, 275.0, 375.0, 475.0]
+
+
+def test_power_only_meter_is_integrated() -> None:
+    t = np.arange(0, 1001, 50, dtype=float)
+    tel = telemetry(t, power=np.full(t.size, 150.0))
+    out, section = attribute(tel, [POWER], records([(200, 240, 20)]), AttributionConfig())
+    assert section["meters"]["dev"]["total_j"] == pytest.approx(150.0, rel=1e-9)
+    assert out.get_column("dev.provenance")[0] == "integrated"
+
+
+def test_gap_in_telemetry_is_imputed_and_says_so() -> None:
+    t = np.concatenate((np.arange(0, 301, 50), np.arange(1500, 2001, 50))).astype(float)
+    tel = telemetry(t, power=np.full(t.size, 100.0))
+    recs = records([(100, 120, 5), (700, 720, 20), (1700, 1720, 5)])
+    out, section = attribute(tel, [POWER], recs, AttributionConfig())
+    assert out.get_column("dev.provenance").to_list() == ["integrated", "imputed", "integrated"]
+    assert section["meters"]["dev"]["imputed_j"] == pytest.approx(120.0, rel=1e-6)  # 1.2 s × 100 W
+
+
+def test_missing_source_gives_null_with_reason_not_zero() -> None:
+    tel = pl.DataFrame(
+        {"t_ns": [0, 50 * MS], "dev.t_ns": [0, 50 * MS], "dev.energy_j": [None, None]},
+        schema={"t_ns": pl.Int64, "dev.t_ns": pl.Int64, "dev.energy_j": pl.Float64},
+    )
+    out, section = attribute(tel, [COUNTER], records([(10, 20, 2)]), AttributionConfig())
+    assert out.get_column("dev.energy_j")[0] is None
+    assert out.get_column("energy_j")[0] is None
+    assert out.get_column("dev.provenance")[0] == "missing"
+    assert "fewer than two readings" in section["meters"]["dev"]["missing_reason"]
+    assert section["total_j"] is None
+
+
+def test_window_rule_over_counts_by_the_overlap() -> None:
+    t = np.arange(0, 3001, 50, dtype=float)
+    tel = telemetry(t, energy=t * 0.1)
+    recs = records([(100, 150, 200)] * 4)  # four identical, fully overlapping requests
+    out, section = attribute(tel, [COUNTER], recs, AttributionConfig(rule="tokens"))
+    m = section["meters"]["dev"]
+    assert m["window_overcount"] == pytest.approx(4.0, rel=1e-6)
+    shares = out.get_column("energy_j").to_numpy()
+    assert shares == pytest.approx(np.full(4, shares[0]))
+
+
+def test_baseline_splits_static_equally_and_dynamic_by_tokens() -> None:
+    t = np.arange(0, 2001, 50, dtype=float)
+    tel = telemetry(t, power=np.full(t.size, 100.0))
+    # same window, one request produces 3x the tokens of the other
+    recs = records([(100, 110, 90), (100, 110, 30)])
+    recs = recs.with_columns(pl.col("closed_ns").max())  # both stay until the longer one ends
+    all_static, _ = attribute(tel, [POWER], recs, AttributionConfig(baseline_w=100.0))
+    e = all_static.get_column("energy_j").to_numpy()
+    assert e[0] == pytest.approx(e[1], rel=1e-9)  # all power is static: shared equally
+    no_baseline, _ = attribute(tel, [POWER], recs, AttributionConfig())
+    e = no_baseline.get_column("energy_j").to_numpy()
+    assert e[0] > 1.5 * e[1]  # all dynamic: by tokens
+
+
+schedules = st.lists(
+    st.tuples(st.integers(0, 2500), st.integers(1, 400), st.integers(0, 60)), min_size=1, max_size=25
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    windows=schedules,
+    rule=st.sampled_from(["tokens", "equal"]),
+    kind=st.sampled_from(["counter", "power"]),
+    baseline=st.sampled_from([None, 40.0]),
+    seed=st.integers(0, 1000),
+)
+def test_energy_is_conserved_over_random_schedules(
+    windows: list[tuple[int, int, int]], rule: str, kind: str, baseline: float | None, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.uniform(20, 80, 60))
+    power = rng.uniform(50, 400, t.size)
+    energy = np.concatenate(([0.0], np.cumsum(power[1:] * np.diff(t) / 1000)))
+    tel = telemetry(t, energy=energy) if kind == "counter" else telemetry(t, power=power)
+    meter = COUNTER if kind == "counter" else POWER
+    recs = records([(s, s + d, n) for s, d, n in windows])
+    out, section = attribute(tel, [meter], recs, AttributionConfig(rule=rule, baseline_w=baseline))
+    m = section["meters"]["dev"]
+    attributed = float(np.nansum(out.get_column("dev.energy_j").to_numpy()))
+    assert attributed + m["idle_j"] == pytest.approx(m["total_j"], rel=1e-9, abs=1e-9)
+    assert (out.get_column("dev.energy_j").to_numpy() >= -1e-9).all()
+
+
+async def test_simulated_run_adds_up_and_tracks_the_truth(tmp_path: Path) -> None:
+    from ipw_async.sim import SimulatorProcess
+
+    config = quick_config(tmp_path, max_queries=48, concurrency=8, dataset="synthetic", output_tokens=40)
+    with SimulatorProcess(config.sim) as sim:
+        config.base_url = sim.base_url
+        config.telemetry = "sim"
+        result = await run_benchmark(config)
+        truth = httpx.get(f"{sim.root_url}/sim/truth").json()
+    frame = result.records
+    energy = result.summary["energy"]
+    assert frame.get_column("energy_j").null_count() == 0
+    assert set(frame.get_column("energy_provenance").to_list()) <= {"measured", "imputed"}
+    # per-query energy + idle = the measured total
+    assert frame.get_column("energy_j").sum() + energy["idle_j"] == pytest.approx(energy["total_j"], rel=1e-9)
+    assert abs(energy["meters"]["sim"]["conservation_error"]) < 1e-9
+    # and each query's share is close to what the simulated device knows it used
+    true = np.array([truth["requests"][str(i)] for i in frame.get_column("request_id").to_list()])
+    err = np.abs(frame.get_column("energy_j").to_numpy() - true) / true
+    assert np.median(err) < 0.15
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (
+        summary["energy"]["meters"]["sim"]["window_overcount"] > 2
+    )  # overlap made the window rule over-count

@@ -1,0 +1,236 @@
+"""Whole runs against the simulator: files on disk, failures that lose nothing, secrets kept out."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pyarrow.ipc as ipc
+import pytest
+
+from ipw_async import QueryTrace, RunError, read_arrow, run_benchmark
+from ipw_async.io import RecordWriter
+from ipw_async.records import RequestRecord
+from ipw_async.sim import SimulatorProcess
+
+from .conftest import quick_config
+
+
+async def test_embedded_run_writes_a_complete_run_directory(tmp_path: Path) -> None:
+    config = quick_config(tmp_path, max_queries=30, warmup=4)
+    result = await run_benchmark(config)
+    run_dir = tmp_path / "run"
+    assert result.complete
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["complete"] is True and summary["simulated"] is True
+    assert summary["requests"]["measured"] == 30 and summary["requests"]["warmup"] == 4
+    # read back by both libraries, one row per request, as measured
+    by_polars = pl.read_ipc(run_dir / "records.arrow")
+    by_pyarrow = ipc.open_file(str(run_dir / "records.arrow")).read_all()
+    assert by_polars.height == by_pyarrow.num_rows == 34
+    assert by_polars.equals(result.records)
+    assert by_polars.get_column("request_id").to_list() == list(range(34))
+    ok = by_polars.filter(pl.col("status") == "ok")
+    assert ok.height == 34
+    assert ok.get_column("ttft_s").min() > 0
+    assert (ok.get_column("e2e_latency_s") >= ok.get_column("ttft_s")).all()
+    assert ok.get_column("warmup").sum() == 4
+    # the summary's figures are the records' figures
+    measured = ok.filter(~pl.col("warmup"))
+    assert summary["latency_s"]["ttft"]["p50"] == pytest.approx(measured.get_column("ttft_s").median())
+    assert summary["latency_s"]["ttft"]["count"] == 30
+    traces = QueryTrace.load_jsonl(run_dir / "traces.jsonl")
+    assert len(traces) == 34 and all(len(t.turns) == 1 for t in traces)
+    assert traces[5].turns[0].request_id == 5
+    assert (run_dir / "telemetry.arrow").exists()
+
+
+async def test_closed_loop_holds_exactly_n_in_flight(tmp_path: Path) -> None:
+    result = await run_benchmark(quick_config(tmp_path, concurrency=6, max_queries=60, telemetry="none"))
+    frame = result.records
+    starts = frame.get_column("dispatched_ns").to_numpy()
+    ends = frame.get_column("closed_ns").to_numpy()
+    # at the moment each request was dispatched, count what was in flight (itself included)
+    in_flight = [int(((starts <= s) & (ends > s)).sum()) for s in starts]
+    assert max(in_flight) == 6
+    # after the ramp and before the drain, the count never drops below N
+    steady = sorted(starts)[6:-6]
+    assert min(int(((starts <= s) & (ends > s)).sum()) for s in steady) == 6
+
+
+async def test_rate_mode_spaces_arrivals(tmp_path: Path) -> None:
+    config = quick_config(
+        tmp_path, concurrency=None, rate=40.0, arrival="poisson", max_queries=80, telemetry="none"
+    )
+    result = await run_benchmark(config)
+    scheduled = result.records.sort("request_id").get_column("scheduled_ns").to_numpy()
+    gaps = (scheduled[1:] - scheduled[:-1]) / 1e9
+    assert gaps.mean() == pytest.approx(1 / 40, rel=0.35)
+    assert (gaps > 0).all()
+
+
+async def test_max_concurrency_caps_open_loop(tmp_path: Path) -> None:
+    config = quick_config(
+        tmp_path, concurrency=None, rate=400.0, max_concurrency=3, max_queries=30, telemetry="none"
+    )
+    frame = (await run_benchmark(config)).records
+    starts, ends = frame.get_column("dispatched_ns").to_numpy(), frame.get_column("closed_ns").to_numpy()
+    assert max(int(((starts <= s) & (ends > s)).sum()) for s in starts) <= 3
+    # requests waited for a slot: queueing is reported, not hidden in latency
+    assert frame.get_column("queue_s").max() > 0.01
+
+
+async def test_duration_stops_sending(tmp_path: Path) -> None:
+    config = quick_config(tmp_path, max_queries=None, duration=1.0, telemetry="none", dataset="synthetic")
+    result = await run_benchmark(config)
+    assert result.complete
+    assert result.summary["window_s"] < 3.0
+
+
+async def test_existing_run_directory_is_not_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "records.arrow").write_bytes(b"precious")
+    with pytest.raises(RunError, match=r"already holds a run.*--overwrite"):
+        await run_benchmark(quick_config(tmp_path))
+    assert (tmp_path / "run" / "records.arrow").read_bytes() == b"precious"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"base_url": "localhost:8000/v1"}, "invalid --base-url"),
+        ({"base_url": "http://127.0.0.1:9/v1"}, "cannot connect"),
+        ({"rate": 5.0}, "exactly one of --concurrency and --rate"),
+        ({"concurrency": 0}, "at least 1"),
+        ({"dataset": "nope.jsonl"}, "neither 'qa', 'synthetic' nor an existing file"),
+        ({"telemetry": "nvml,bogus"}, "unknown telemetry source bogus"),
+        ({"attribution": "magic"}, "unknown attribution rule"),
+        ({"model": "gpt-9"}, "not served"),
+    ],
+)
+async def test_bad_input_gives_a_clear_error(
+    tmp_path: Path, overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(RunError, match=message):
+        await run_benchmark(quick_config(tmp_path, **overrides))
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+async def test_malformed_dataset_row_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": oops}\n')
+    with pytest.raises(RunError, match=r"bad.jsonl row 3: not valid JSON"):
+        await run_benchmark(quick_config(tmp_path, dataset=str(bad)))
+
+
+async def test_server_errors_are_outcomes_not_crashes(tmp_path: Path, faulty_sim: SimulatorProcess) -> None:
+    config = quick_config(tmp_path, base_url=faulty_sim.base_url, max_queries=40, telemetry="none")
+    result = await run_benchmark(config)
+    assert result.complete
+    errors = result.summary["requests"]["errors_by_type"]
+    assert sum(errors.values()) == result.summary["requests"]["failed"] > 0
+    assert result.records.height == 40
+    failed = result.records.filter(pl.col("status") == "error")
+    assert failed.get_column("error_message").null_count() == 0
+
+
+async def test_dead_server_mid_run_stops_with_records_kept(tmp_path: Path) -> None:
+    from ipw_async.sim import SimConfig
+
+    from .conftest import fast_engine
+
+    process = SimulatorProcess(SimConfig(engine=fast_engine(step_base_ms=30.0))).start()
+    config = quick_config(
+        tmp_path, base_url=process.base_url, max_queries=400, telemetry="none", abort_after_connect_errors=4
+    )
+    import asyncio
+
+    async def kill_soon() -> None:
+        await asyncio.sleep(1.0)
+        process.stop()
+
+    killer = asyncio.create_task(kill_soon())
+    with pytest.raises(RunError, match=r"stopped accepting connections.*records kept"):
+        await run_benchmark(config)
+    await killer
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["complete"] is False and summary["aborted"]
+    frame = pl.read_ipc(tmp_path / "run" / "records.arrow")
+    assert frame.filter(pl.col("status") == "ok").height > 0
+    assert frame.height < 400
+
+
+async def test_api_key_never_reaches_a_file(tmp_path: Path, sim: SimulatorProcess) -> None:
+    secret = "sk-test-DO-NOT-LEAK-4242"
+    config = quick_config(tmp_path, base_url=sim.base_url, api_key=secret, max_queries=8, telemetry="none")
+    await run_benchmark(config)
+    for path in (tmp_path / "run").iterdir():
+        assert secret.encode() not in path.read_bytes(), path.name
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["config"]["api_key_set"] is True
+
+
+def test_ctrl_c_keeps_every_record_measured(tmp_path: Path) -> None:
+    run_dir = tmp_path / "interrupted"
+    env = {**os.environ, "OPENAI_API_KEY": ""}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ipw_async",
+            "run",
+            "-c",
+            "4",
+            "-n",
+            "5000",
+            "-o",
+            str(run_dir),
+            "--no-dashboard",
+            "--baseline-s",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (run_dir / "records.arrow").exists():
+        time.sleep(0.2)
+    time.sleep(3.0)  # past the first incremental flush
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["complete"] is False and summary["interrupted"] is True
+    frame = read_arrow(run_dir / "records.arrow")
+    assert 0 < frame.height < 5000
+    assert frame.filter(pl.col("status") == "ok").height > 0
+    assert set(frame.get_column("status").unique().to_list()) <= {"ok", "cancelled"}
+
+
+def test_crashed_writer_leaves_a_readable_file(tmp_path: Path) -> None:
+    import anyio
+
+    path = tmp_path / "records.arrow"
+    writer = RecordWriter(path, batch_size=2)
+
+    async def write_without_closing() -> None:
+        for i in range(5):
+            record = RequestRecord(request_id=i, query_id=f"q{i}", dataset="d", prompt="p", sent_ns=i)
+            if writer.add(record):
+                await writer.flush()
+
+    anyio.run(write_without_closing)
+    # the writer never closed (as after a crash): no footer, yet the flushed batches are there
+    with pytest.raises((pl.exceptions.PolarsError, OSError, TypeError)):
+        pl.read_ipc(path, memory_map=False)
+    frame = read_arrow(path)
+    assert frame.get_column("request_id").to_list() == [0, 1, 2, 3]

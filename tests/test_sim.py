@@ -1,0 +1,75 @@
+"""The simulator behaves like a batching server: load slows it, and its truth adds up."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from ipw_async.datasets import builtin_qa
+from ipw_async.sim import SimConfig, SimulatorProcess
+
+from .conftest import fast_engine
+
+
+async def _ttfts(base_url: str, n: int) -> list[float]:
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=n)) as client:
+
+        async def one(i: int) -> float:
+            body = {"model": "sim-small", "prompt": f"p{i} " * 200, "max_tokens": 10, "stream": True}
+            start = time.perf_counter()
+            async with client.stream("POST", f"{base_url}/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        return time.perf_counter() - start
+            raise AssertionError("no token")
+
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+async def test_ttft_grows_with_load_and_truth_adds_up() -> None:
+    with SimulatorProcess(SimConfig(engine=fast_engine(max_batch=16))) as sim:
+        alone = min(await _ttfts(sim.base_url, 1))
+        loaded = sorted(await _ttfts(sim.base_url, 48))
+        truth = httpx.get(f"{sim.root_url}/sim/truth").json()
+    assert loaded[len(loaded) // 2] > 2 * alone  # queueing behind a batch of 16
+    assert len(truth["requests"]) == 49
+    total = sum(truth["requests"].values()) + truth["idle_j"]
+    assert abs(total - truth["total_j"]) < 1e-6 * truth["total_j"]
+
+
+def test_answers_are_seeded_and_mostly_right() -> None:
+    qa = builtin_qa().queries[:40]
+    with SimulatorProcess(SimConfig(engine=fast_engine(zero_delay=True), accuracy=0.8)) as sim:
+        answers = [
+            httpx.post(
+                f"{sim.base_url}/completions",
+                json={"model": "sim-small", "prompt": q.prompt, "stop": ["\n"], "max_tokens": 8},
+            ).json()["choices"][0]["text"]
+            for q in qa
+        ]
+        again = httpx.post(
+            f"{sim.base_url}/completions", json={"model": "sim-small", "prompt": qa[0].prompt, "stop": ["\n"]}
+        ).json()["choices"][0]["text"]
+        models = httpx.get(f"{sim.base_url}/models").json()
+        health = httpx.get(f"{sim.root_url}/health").json()
+    right = sum(a.strip() == q.reference for a, q in zip(answers, qa, strict=True))
+    assert 0.6 * len(qa) <= right < len(qa)
+    assert again == answers[0]
+    assert models["data"][0]["id"] == "sim-small"
+    assert health["simulated"] is True
+
+
+def test_device_counter_is_quantised_and_periodic() -> None:
+    config = SimConfig(engine=fast_engine(counter_period_ms=200.0))
+    with SimulatorProcess(config) as sim:
+        readings = []
+        for _ in range(12):
+            readings.append(httpx.get(f"{sim.root_url}/sim/device").json())
+            time.sleep(0.05)
+    energies = [r["energy_mj"] for r in readings]
+    assert all(isinstance(e, int) for e in energies)
+    assert energies == sorted(energies)
+    assert len(set(energies)) < len(energies)  # stale between 200 ms updates
+    assert readings[-1]["power_w"] == 70.0  # idle: static power only
