@@ -54,8 +54,13 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 
 def _display(dashboard: bool, quiet: bool) -> Any:
+    """The live dashboard on a terminal; plain lines in a log or pipe; nothing with --quiet."""
     from .progress import LinesDisplay
 
+    if dashboard and not quiet and sys.stderr.isatty():
+        from .dashboard import Dashboard
+
+        return Dashboard()
     return LinesDisplay(quiet=quiet)
 
 
@@ -277,6 +282,9 @@ def sim(
     device_telemetry: Annotated[
         str, typer.Option(help="What the device exposes: counter, power or avg-power.")
     ] = "counter",
+    device_dropout_every: Annotated[
+        int, typer.Option(help="The device answers nothing every Nth second (0: never), to test imputation.")
+    ] = 0,
     fault_http_error: Annotated[float, typer.Option(help="Probability of HTTP 500 per request.")] = 0.0,
     fault_error_event: Annotated[
         float, typer.Option(help="Probability of an error event inside the stream.")
@@ -309,6 +317,7 @@ def sim(
             prefill_work=prefill_work,
             counter_period_ms=counter_ms,
             telemetry=device_telemetry,
+            dropout_every_s=device_dropout_every,
         ),
         faults=Faults(
             fault_http_error, fault_error_event, fault_disconnect, fault_malformed, fault_stall, fault_stall_s

@@ -76,8 +76,10 @@ def _error_message(body: bytes) -> str:
     return str(err)[:300]
 
 
-def apply_events(record: RequestRecord, events: list[tuple[int, bytes]]) -> None:
+def apply_events(record: RequestRecord, events: list[tuple[int, bytes]], t0_ns: int = 0) -> None:
     """Fill a record from its SSE events (arrival time relative to run start, raw bytes).
+
+    ``t0_ns`` puts the server's own send stamps (absolute, same clock) on the run's timeline.
 
     A chunk is token-bearing when it carries content or reasoning text; role-only and
     usage-only chunks are not tokens. An error object in the stream makes the request fail.
@@ -122,7 +124,7 @@ def apply_events(record: RequestRecord, events: list[tuple[int, bytes]]) -> None
                 record.chunk_ns.append(t)
                 record.chunk_tokens.append(int(obj.get("ipw_tokens", 1)))
                 server_ns = obj.get("ipw_sent_ns")
-                record.chunk_server_ns.append(server_ns)
+                record.chunk_server_ns.append(None if server_ns is None else server_ns - t0_ns)
                 if text:
                     content.append(text)
                 if thought:
@@ -224,15 +226,15 @@ class StreamingClient:
             finally:
                 await response.aclose()
                 record.closed_ns = now_ns() - t0
-            apply_events(record, events)
+            apply_events(record, events, t0)
         except asyncio.CancelledError:
-            apply_events(record, events)
+            apply_events(record, events, t0)
             record.status = Status.CANCELLED
             record.error_type = ErrorType.CANCELLED
             record.error_message = "the run was interrupted while this request was in flight"
             raise
         except Exception as exc:  # every transport failure is a recorded outcome
-            apply_events(record, events)
+            apply_events(record, events, t0)
             if record.error_type is ErrorType.DISCONNECT:
                 # the transport's own explanation replaces "the stream ended early"
                 record.status, record.error_type, record.error_message = Status.OK, None, None

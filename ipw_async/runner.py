@@ -13,6 +13,7 @@ import platform
 import re
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,6 +172,27 @@ class LoopLag:
     def recent_p99(self, n: int = 500) -> float | None:
         recent = self.lags_ms[-n:]
         return float(np.percentile(recent, 99)) if recent else None
+
+
+class HarnessCpu:
+    """CPU time of this process (all its threads) over the measured phase."""
+
+    def __init__(self) -> None:
+        self._start: tuple[float, float] | None = None
+        self._stop: tuple[float, float] | None = None
+
+    def start(self) -> None:
+        self._start = (time.process_time(), time.perf_counter())
+
+    def stop(self) -> None:
+        if self._start is not None and self._stop is None:
+            self._stop = (time.process_time(), time.perf_counter())
+
+    def summary(self) -> dict[str, float | None]:
+        if self._start is None or self._stop is None:
+            return {"cpu_s": None, "cpu_share": None}
+        cpu, wall = self._stop[0] - self._start[0], self._stop[1] - self._start[1]
+        return {"cpu_s": cpu, "cpu_share": cpu / wall if wall > 0 else None}
 
 
 class _Run:
@@ -392,7 +414,9 @@ async def _execute(
     )
     for s in telemetry.opened:
         for m in s.info.meters:
-            state.meters[m.channel] = MeterState(m.channel, estimate=m.kind == "estimate")
+            state.meters[m.channel] = MeterState(
+                m.channel, estimate=m.kind == "estimate", accelerator=m.accelerator
+            )
     for name, reason in telemetry.skipped.items():
         state.meters[name] = MeterState(name, available=False, reason=reason)
     if display is not None:
@@ -426,6 +450,7 @@ async def _execute(
     writer = io.RecordWriter(run_dir / io.RECORDS)
     sampler = Sampler(telemetry.opened, config.sample_ms / 1000, t0)
     lag = LoopLag()
+    cpu = HarnessCpu()
     rng = np.random.default_rng(config.seed)
     background: list[asyncio.Task[None]] = []
     complete = False
@@ -449,6 +474,7 @@ async def _execute(
             await drive(spec, run.items(queries, config.warmup, True, writer, state), rng)
         state.phase = "measuring"
         state.started_ns = now_ns()
+        cpu.start()
         deadline = now_ns() + int(config.duration * 1e9) if config.duration else None
         load = loop.create_task(drive(spec, run.items(queries, planned, False, writer, state), rng, deadline))
         aborter = loop.create_task(run.abort.wait())
@@ -461,6 +487,7 @@ async def _execute(
             aborter.cancel()
             await load
             complete = True
+        cpu.stop()
         state.phase = "finishing"
         await asyncio.sleep(config.tail_s if telemetry.opened else 0)
     except (asyncio.CancelledError, KeyboardInterrupt) as exc:
@@ -471,6 +498,7 @@ async def _execute(
         await asyncio.gather(*background, return_exceptions=True)
         with contextlib.suppress(Exception):
             await sampler.sample_once()
+        cpu.stop()
         await client.aclose()
         await writer.close()
         state.phase = "done"
@@ -482,13 +510,13 @@ async def _execute(
         sampler,
         telemetry,
         lag,
+        cpu,
         baseline_window,
         complete,
         interrupted,
         model,
         base_url,
         simulated,
-        sim,
     )
     if display is not None:
         display.finish(result)
@@ -526,18 +554,22 @@ async def _finish(
     sampler: Sampler,
     telemetry: TelemetrySetup,
     lag: LoopLag,
+    cpu: HarnessCpu,
     baseline_window: tuple[int, int] | None,
     complete: bool,
     interrupted: BaseException | None,
     model: str,
     base_url: str,
     simulated: bool,
-    sim: SimulatorProcess | None,
 ) -> RunResult:
     """Attribute energy, then write records (with energy), telemetry, traces and the summary."""
     records = io.read_arrow(run_dir / io.RECORDS).sort("request_id")
     tel = sampler.log.frame()
-    energy_section: dict[str, Any] = {"meters": {}, "skipped": telemetry.skipped}
+    energy_section: dict[str, Any] = {
+        "meters": {},
+        "skipped": telemetry.skipped,
+        "baseline_window_ns": baseline_window,  # to re-attribute later exactly as here
+    }
     if telemetry.opened:
         io.write_frame(tel, run_dir / io.TELEMETRY)
         meters = sampler.log.meters
@@ -577,7 +609,7 @@ async def _finish(
             "skipped": telemetry.skipped,
             "sampler": dataclasses.asdict(quality),
         },
-        "harness": {"loop_lag_ms": distribution(lag.lags_ms)},
+        "harness": {"loop_lag_ms": distribution(lag.lags_ms), **cpu.summary()},
         "config": config.public(),
         "versions": _versions(),
         "host": _host(),

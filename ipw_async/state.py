@@ -21,6 +21,7 @@ class MeterState:
     power_w: float | None = None
     energy_j: float | None = None  # since the run started
     estimate: bool = False
+    accelerator: bool = False  # counts toward the headline energy, as in the summary
 
 
 @dataclass
@@ -41,7 +42,7 @@ class RunState:
     output_tokens: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     # (completion time, output tokens) of recent requests, for rolling rates
-    recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=4096))
+    recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=65536))
     ttft_s: deque[float] = field(default_factory=lambda: deque(maxlen=512))
     tpot_s: deque[float] = field(default_factory=lambda: deque(maxlen=512))
     meters: dict[str, MeterState] = field(default_factory=dict)

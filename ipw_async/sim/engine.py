@@ -42,6 +42,8 @@ class EngineConfig:
     max_w: float = 700.0
     counter_period_ms: float = 100.0
     telemetry: str = "counter"  # counter | power | avg-power: what the device exposes
+    # every Nth second the device answers nothing (0: never): gaps that force imputation
+    dropout_every_s: int = 0
 
 
 @dataclass(eq=False)
@@ -101,6 +103,9 @@ class Device:
         window = min(NS, t - self.t0)
         avg = (self.energy_at(t) - self.energy_at(t - window)) / (window / NS) if window > 0 else None
         mode = self.config.telemetry
+        every = self.config.dropout_every_s
+        if every and ((t - self.t0) // NS) % every == every - 1:
+            return {"t_ns": t, "energy_mj": None, "power_w": None, "avg_power_w": None}
         return {
             "t_ns": t,
             "energy_mj": math.floor(self.energy_at(t_update) * 1000) if mode == "counter" else None,

@@ -1,0 +1,196 @@
+"""How close each attribution rule comes to the simulator's true per-query energy.
+
+For each case (concurrency × device counter period, plus a power-only device that forces
+integration and a device with telemetry dropouts that forces imputation) this runs the
+simulator under load, then attributes the same telemetry with every rule and compares with
+the energy the simulated device knows each request used:
+
+- ``tokens+baseline``: the default (static power at the measured idle baseline shared
+  equally, the rest by token work); ``tokens``: all energy by token work; ``equal``;
+- baselines: ``total/N`` (run total ÷ request count, as AIPerf reports) and ``window``
+  (each query's whole-window device energy, as sequential profilers report).
+
+Printed per case and method: conservation error, per-query relative error p50/p95/max for
+requests of 2 s or more, signed bias, and the sampler's lateness p99.
+
+    python benchmarks/attribution_accuracy.py [--quick] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import polars as pl
+
+from ipw_async import RunConfig, run_benchmark
+from ipw_async.energy import AttributionConfig, attribute
+from ipw_async.io import read_arrow
+from ipw_async.records import RECORD_SCHEMA
+from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
+from ipw_async.telemetry.base import Meter, Quantity
+
+
+@dataclass(frozen=True)
+class Case:
+    concurrency: int
+    counter_ms: float
+    telemetry: str = "counter"
+    dropout_every_s: int = 0
+
+    @property
+    def label(self) -> str:
+        device = {
+            "counter": f"counter {self.counter_ms:g} ms",
+            "avg-power": "avg power only",
+            "power": "power only",
+        }
+        label = device[self.telemetry]
+        return f"c={self.concurrency:<3} {label}{' + dropouts' if self.dropout_every_s else ''}"
+
+
+def cases(quick: bool) -> list[Case]:
+    levels = (1, 16, 64) if quick else (1, 4, 16, 64, 256)
+    periods = (100.0,) if quick else (10.0, 100.0, 500.0)
+    out = [Case(c, p) for p in periods for c in levels]
+    out += [Case(16, 100.0, "avg-power"), Case(16, 100.0, "power", dropout_every_s=3)]
+    return out
+
+
+def meter_for(telemetry: pl.DataFrame) -> Meter:
+    energy = f"sim.{Quantity.ENERGY_J}"
+    if energy in telemetry.columns and telemetry.get_column(energy).drop_nulls().len() > 1:
+        return Meter("sim", "counter", accelerator=True, source="sim")
+    if f"sim.{Quantity.POWER_W}" in telemetry.columns:
+        return Meter("sim", "power", accelerator=True, source="sim")
+    return Meter("sim", "power", accelerator=True, source="sim", power_quantity=Quantity.AVG_POWER_W)
+
+
+def errors(estimate: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    rel = (estimate - truth) / truth
+    return {
+        "p50": float(np.percentile(np.abs(rel), 50)),
+        "p95": float(np.percentile(np.abs(rel), 95)),
+        "max": float(np.abs(rel).max()),
+        "bias": float(rel.mean()),
+    }
+
+
+async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
+    n = 12 if case.concurrency == 1 else max(32, 2 * case.concurrency)
+    sim_config = SimConfig(
+        engine=EngineConfig(
+            counter_period_ms=case.counter_ms, telemetry=case.telemetry, dropout_every_s=case.dropout_every_s
+        )
+    )
+    run_dir = tmp / f"c{case.concurrency}_{case.telemetry}_{case.counter_ms:g}_{case.dropout_every_s}"
+    with SimulatorProcess(sim_config) as sim:
+        config = RunConfig(
+            base_url=sim.base_url,
+            output_dir=run_dir,
+            concurrency=case.concurrency,
+            dataset="synthetic",
+            max_queries=n,
+            prompt_tokens=256,
+            output_tokens=128,
+            length_sigma=0.4,
+            telemetry="sim",
+        )
+        result = await run_benchmark(config)
+        truth = httpx.get(f"{sim.root_url}/sim/truth", timeout=10).json()
+    raw = read_arrow(run_dir / "records.arrow").select(list(RECORD_SCHEMA))
+    telemetry = read_arrow(run_dir / "telemetry.arrow")
+    meter = meter_for(telemetry)
+    window = result.summary["energy"].get("baseline_window_ns")
+    true = np.array([truth["requests"][str(i)] for i in raw.get_column("request_id").to_list()])
+    long = (raw.get_column("e2e_latency_s").fill_null(0) >= 2.0).to_numpy()
+    rows: dict[str, Any] = {}
+    methods = {
+        "tokens+baseline": AttributionConfig(
+            rule="tokens", baseline_window_ns=tuple(window) if window else None
+        ),
+        "tokens": AttributionConfig(rule="tokens"),
+        "equal": AttributionConfig(rule="equal"),
+        "window": AttributionConfig(rule="window"),
+    }
+    total = None
+    for name, cfg in methods.items():
+        out, section = attribute(telemetry, [meter], raw, cfg)
+        m = section["meters"]["sim"]
+        total = m["total_j"]
+        est = out.get_column("energy_j").to_numpy()
+        conservation = (
+            (m["window_sum_j"] - (m["total_j"] - m["idle_j"])) / m["total_j"]
+            if name == "window"
+            else m["conservation_error"]
+        )
+        rows[name] = {
+            "conservation": conservation,
+            "long": errors(est[long], true[long]) if long.any() else None,
+            "all": errors(est, true),
+            "provenance": dict(
+                zip(
+                    *np.unique(out.get_column("energy_provenance").to_numpy(), return_counts=True),
+                    strict=True,
+                )
+            ),
+        }
+    est = np.full(true.size, total / true.size)
+    rows["total/N"] = {
+        "conservation": 0.0,
+        "long": errors(est[long], true[long]) if long.any() else None,
+        "all": errors(est, true),
+    }
+    return {
+        "case": case.label,
+        "requests": int(true.size),
+        "long_requests": int(long.sum()),
+        "truth_vs_measured_total": (sum(truth["requests"].values()) + truth["idle_j"]) / total - 1
+        if total
+        else None,
+        "sampler_lateness_p99_ms": result.summary["telemetry"]["sampler"]["lateness_ms"]["p99"],
+        "methods": rows,
+    }
+
+
+def fmt(err: dict[str, float] | None) -> str:
+    if err is None:
+        return f"{'—':>7} {'—':>7} {'—':>7} {'—':>8}"
+    return f"{err['p50']:>7.1%} {err['p95']:>7.1%} {err['max']:>7.1%} {err['bias']:>+8.1%}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer cases (100 ms counter only)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    results = []
+    print(
+        "per-query relative error vs the simulator's true energy, requests of ≥ 2 s (all requests where none)"
+    )
+    print(
+        f"{'case':<34} {'method':<16} {'conserv.':>9} {'p50':>7} {'p95':>7} {'max':>7} {'bias':>8}  sampler p99"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in cases(args.quick):
+            r = asyncio.run(run_case(case, Path(tmp)))
+            results.append(r)
+            for i, (name, m) in enumerate(r["methods"].items()):
+                label = f"{r['case']} ({r['long_requests']}/{r['requests']} long)" if i == 0 else ""
+                tail = f"  {r['sampler_lateness_p99_ms']:.2f} ms" if i == 0 else ""
+                print(f"{label:<34} {name:<16} {m['conservation']:>9.1e} {fmt(m['long'] or m['all'])}{tail}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

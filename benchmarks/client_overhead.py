@@ -1,0 +1,104 @@
+"""How much the harness costs per SSE event, and how late it stamps them.
+
+Runs the simulator in zero-delay mode (steps take no time, so the client is the bottleneck)
+with 128-token streams at 64 and 256 concurrent streams, and prints for each:
+requests/s, SSE events/s, this process's CPU µs per SSE event during the measured window,
+stamp delay (client arrival − server send, same monotonic clock) p50/p99, and event-loop
+lag p99. ``--dashboard`` adds the live dashboard (rendered to a null terminal) to measure
+its cost: compare CPU µs/event with and without.
+
+    python benchmarks/client_overhead.py [--requests 2000] [--levels 64,256] [--dashboard]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from ipw_async import RunConfig, run_benchmark
+from ipw_async.runner import Display
+from ipw_async.sim import EngineConfig, SimConfig
+
+
+def measure(concurrency: int, requests: int, dashboard: bool) -> dict[str, Any]:
+    display: Display | None = None
+    if dashboard:
+        from rich.console import Console
+
+        from ipw_async.dashboard import Dashboard
+
+        display = Dashboard(console=Console(file=io.StringIO(), force_terminal=True, width=120))
+    with tempfile.TemporaryDirectory() as tmp:
+        config = RunConfig(
+            output_dir=Path(tmp) / "run",
+            concurrency=concurrency,
+            dataset="synthetic",
+            max_queries=requests,
+            output_tokens=128,
+            length_sigma=0.0,
+            prompt_tokens=64,
+            telemetry="none",
+            baseline_s=0,
+            tail_s=0,
+            sim=SimConfig(engine=EngineConfig(zero_delay=True, max_batch=max(256, concurrency))),
+        )
+        result = asyncio.run(run_benchmark(config, display))
+    ok = result.records.filter(pl.col("status") == "ok")
+    events = int(ok.get_column("chunk_count").sum())
+    harness = result.summary["harness"]
+    cpu_s = harness["cpu_s"]
+    wall_s = cpu_s / harness["cpu_share"]
+    delay_ms = (
+        ok.select((pl.col("chunk_ns").explode() - pl.col("chunk_server_ns").explode()) / 1e6)
+        .to_series()
+        .drop_nulls()
+        .to_numpy()
+    )
+    lag = harness["loop_lag_ms"]
+    return {
+        "concurrency": concurrency,
+        "requests_ok": ok.height,
+        "requests_per_s": ok.height / wall_s,
+        "sse_events_per_s": events / wall_s,
+        "cpu_us_per_event": cpu_s / events * 1e6,
+        "cpu_share_of_wall": cpu_s / wall_s,
+        "stamp_delay_ms_p50": float(np.percentile(delay_ms, 50)),
+        "stamp_delay_ms_p99": float(np.percentile(delay_ms, 99)),
+        "loop_lag_ms_p99": lag["p99"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--levels", default="64,256")
+    parser.add_argument("--dashboard", action="store_true", help="run the live dashboard too")
+    args = parser.parse_args()
+    header = (
+        f"{'streams':>7} {'req/s':>8} {'events/s':>10} {'CPU µs/event':>13} {'CPU/wall':>9} "
+        f"{'stamp p50 ms':>13} {'stamp p99 ms':>13} {'loop lag p99 ms':>16}"
+    )
+    print(
+        f"client overhead (zero-delay simulator, 128-token streams, dashboard={'on' if args.dashboard else 'off'})"
+    )
+    print(header)
+    for level in (int(x) for x in args.levels.split(",")):
+        r = measure(level, args.requests, args.dashboard)
+        print(
+            f"{r['concurrency']:>7} {r['requests_per_s']:>8.1f} {r['sse_events_per_s']:>10,.0f} "
+            f"{r['cpu_us_per_event']:>13.1f} {r['cpu_share_of_wall']:>9.0%} {r['stamp_delay_ms_p50']:>13.3f} "
+            f"{r['stamp_delay_ms_p99']:>13.3f} {r['loop_lag_ms_p99']:>16.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
