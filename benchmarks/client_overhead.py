@@ -1,13 +1,18 @@
 """How much the harness costs per SSE event, and how late it stamps them.
 
-Runs the simulator in zero-delay mode (steps take no time, so the client is the bottleneck)
-with 128-token streams at 64 and 256 concurrent streams, and prints for each:
-requests/s, SSE events/s, this process's CPU µs per SSE event during the measured window,
-stamp delay (client arrival − server send, same monotonic clock) p50/p99, and event-loop
-lag p99. ``--dashboard`` adds the live dashboard (rendered to a null terminal) to measure
-its cost: compare CPU µs/event with and without.
+Two regimes, 128-token streams at 64 and 256 concurrent streams (at least 2,000 requests):
 
-    python benchmarks/client_overhead.py [--requests 2000] [--levels 64,256] [--dashboard]
+- zero-delay: the simulator's steps take no time, so it sends as fast as it can and the
+  client is saturated. Gives requests/s, SSE events/s and this process's CPU µs per event.
+  Stamp delay here is mostly backlog: bytes waiting in socket buffers for a busy client.
+- paced (``--step-ms``, default 5 ms steps, i.e. 200 tokens/s per stream): a fast server
+  the client can keep up with. Stamp delay (client arrival − server send, same monotonic
+  clock) and event-loop lag here measure the harness's own stamping error.
+
+``--dashboard`` adds the live dashboard (rendered to a null terminal) to measure its cost:
+compare CPU µs/event with and without.
+
+    python benchmarks/client_overhead.py [--requests 2000] [--levels 64,256] [--step-ms 5] [--dashboard]
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from ipw_async.runner import Display
 from ipw_async.sim import EngineConfig, SimConfig
 
 
-def measure(concurrency: int, requests: int, dashboard: bool) -> dict[str, Any]:
+def measure(concurrency: int, requests: int, dashboard: bool, step_ms: float = 0.0) -> dict[str, Any]:
     display: Display | None = None
     if dashboard:
         from rich.console import Console
@@ -47,7 +52,15 @@ def measure(concurrency: int, requests: int, dashboard: bool) -> dict[str, Any]:
             telemetry="none",
             baseline_s=0,
             tail_s=0,
-            sim=SimConfig(engine=EngineConfig(zero_delay=True, max_batch=max(256, concurrency))),
+            sim=SimConfig(
+                engine=EngineConfig(
+                    zero_delay=step_ms == 0,
+                    step_base_ms=step_ms,
+                    step_per_seq_ms=0.0,
+                    step_per_prefill_token_ms=0.0,
+                    max_batch=max(256, concurrency),
+                )
+            ),
         )
         result = asyncio.run(run_benchmark(config, display))
     ok = result.records.filter(pl.col("status") == "ok")
@@ -81,23 +94,25 @@ def main() -> None:
     )
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--levels", default="64,256")
+    parser.add_argument("--step-ms", type=float, default=5.0, help="engine step of the paced regime")
     parser.add_argument("--dashboard", action="store_true", help="run the live dashboard too")
     args = parser.parse_args()
-    header = (
-        f"{'streams':>7} {'req/s':>8} {'events/s':>10} {'CPU µs/event':>13} {'CPU/wall':>9} "
-        f"{'stamp p50 ms':>13} {'stamp p99 ms':>13} {'loop lag p99 ms':>16}"
+    print(
+        f"client overhead: 128-token streams, {args.requests} requests, dashboard {'on' if args.dashboard else 'off'}"
     )
     print(
-        f"client overhead (zero-delay simulator, 128-token streams, dashboard={'on' if args.dashboard else 'off'})"
+        f"{'regime':<14} {'streams':>7} {'req/s':>8} {'events/s':>10} {'CPU µs/event':>13} {'CPU/wall':>9} "
+        f"{'stamp p50 ms':>13} {'stamp p99 ms':>13} {'loop lag p99 ms':>16}"
     )
-    print(header)
-    for level in (int(x) for x in args.levels.split(",")):
-        r = measure(level, args.requests, args.dashboard)
-        print(
-            f"{r['concurrency']:>7} {r['requests_per_s']:>8.1f} {r['sse_events_per_s']:>10,.0f} "
-            f"{r['cpu_us_per_event']:>13.1f} {r['cpu_share_of_wall']:>9.0%} {r['stamp_delay_ms_p50']:>13.3f} "
-            f"{r['stamp_delay_ms_p99']:>13.3f} {r['loop_lag_ms_p99']:>16.2f}"
-        )
+    for step_ms in (0.0, args.step_ms):
+        regime = "zero-delay" if step_ms == 0 else f"paced {step_ms:g} ms"
+        for level in (int(x) for x in args.levels.split(",")):
+            r = measure(level, args.requests, args.dashboard, step_ms)
+            print(
+                f"{regime:<14} {r['concurrency']:>7} {r['requests_per_s']:>8.1f} {r['sse_events_per_s']:>10,.0f} "
+                f"{r['cpu_us_per_event']:>13.1f} {r['cpu_share_of_wall']:>9.0%} {r['stamp_delay_ms_p50']:>13.3f} "
+                f"{r['stamp_delay_ms_p99']:>13.3f} {r['loop_lag_ms_p99']:>16.2f}"
+            )
 
 
 if __name__ == "__main__":

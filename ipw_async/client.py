@@ -76,37 +76,53 @@ def _error_message(body: bytes) -> str:
     return str(err)[:300]
 
 
-def apply_events(record: RequestRecord, events: list[tuple[int, bytes]], t0_ns: int = 0) -> None:
-    """Fill a record from its SSE events (arrival time relative to run start, raw bytes).
+_decode = json.JSONDecoder().decode  # on str: skips json.loads' byte-encoding sniffing
 
-    ``t0_ns`` puts the server's own send stamps (absolute, same clock) on the run's timeline.
+
+class StreamParser:
+    """Reads SSE events into a record as they arrive: stamped on arrival, parsed right after.
+
+    Parsing per read (rather than at the end of the stream) spreads the work, so no request
+    holds the event loop for a whole stream's worth of JSON. ``t0_ns`` puts the server's own
+    send stamps (absolute, same clock) on the run's timeline.
 
     A chunk is token-bearing when it carries content or reasoning text; role-only and
     usage-only chunks are not tokens. An error object in the stream makes the request fail.
     """
-    if events:
-        record.first_event_ns = events[0][0]
-    content: list[str] = []
-    reasoning: list[str] = []
-    done = False
-    for t, raw in events:
-        data = b"".join(line[5:].lstrip() for line in raw.split(b"\n") if line.startswith(b"data:"))
+
+    __slots__ = ("_content", "_reasoning", "done", "record", "t0_ns")
+
+    def __init__(self, record: RequestRecord, t0_ns: int = 0) -> None:
+        self.record = record
+        self.t0_ns = t0_ns
+        self.done = False
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+
+    def feed(self, t: int, raw: bytes) -> None:
+        record = self.record
+        if record.first_event_ns is None:
+            record.first_event_ns = t
+        if raw[:6] == b"data: " and b"\n" not in raw:  # the common case: one data line
+            data = raw[6:]
+        else:
+            data = b"".join(line[5:].lstrip() for line in raw.split(b"\n") if line.startswith(b"data:"))
         if not data:
-            continue  # comments, keep-alives, event: lines without data
+            return  # comments, keep-alives, event: lines without data
         if data == b"[DONE]":
-            done = True
-            continue
+            self.done = True
+            return
         try:
-            obj = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            obj = _decode(data.decode())
+        except (ValueError, UnicodeDecodeError):
             _fail(record, ErrorType.MALFORMED, f"event is not JSON: {data[:80]!r}")
-            continue
+            return
         if not isinstance(obj, dict):
             _fail(record, ErrorType.MALFORMED, f"event is not a JSON object: {data[:80]!r}")
-            continue
+            return
         if obj.get("error") is not None:
             _fail(record, ErrorType.STREAM, _error_message(data))
-            continue
+            return
         usage = obj.get("usage")
         if usage:
             record.usage_output_tokens = usage.get("completion_tokens", record.usage_output_tokens)
@@ -114,9 +130,12 @@ def apply_events(record: RequestRecord, events: list[tuple[int, bytes]], t0_ns: 
         for choice in obj.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") or {}
-            text = delta.get("content") if delta else choice.get("text")
-            thought = delta.get("reasoning_content") or delta.get("reasoning") if delta else None
+            delta = choice.get("delta")
+            if delta is not None:
+                text = delta.get("content")
+                thought = delta.get("reasoning_content") or delta.get("reasoning")
+            else:
+                text, thought = choice.get("text"), None
             if text or thought:
                 if record.first_token_ns is None:
                     record.first_token_ns = t
@@ -124,17 +143,29 @@ def apply_events(record: RequestRecord, events: list[tuple[int, bytes]], t0_ns: 
                 record.chunk_ns.append(t)
                 record.chunk_tokens.append(int(obj.get("ipw_tokens", 1)))
                 server_ns = obj.get("ipw_sent_ns")
-                record.chunk_server_ns.append(None if server_ns is None else server_ns - t0_ns)
+                record.chunk_server_ns.append(None if server_ns is None else server_ns - self.t0_ns)
                 if text:
-                    content.append(text)
+                    self._content.append(text)
                 if thought:
-                    reasoning.append(thought)
+                    self._reasoning.append(thought)
             if choice.get("finish_reason"):
                 record.finish_reason = choice["finish_reason"]
-    record.answer = "".join(content)
-    record.reasoning = "".join(reasoning)
-    if not done and record.finish_reason is None and record.status is Status.OK:
-        _fail(record, ErrorType.DISCONNECT, "the stream ended before the server said it was done")
+
+    def close(self) -> None:
+        """The stream ended: join the text, and fail the record if it ended too early."""
+        record = self.record
+        record.answer = "".join(self._content)
+        record.reasoning = "".join(self._reasoning)
+        if not self.done and record.finish_reason is None and record.status is Status.OK:
+            _fail(record, ErrorType.DISCONNECT, "the stream ended before the server said it was done")
+
+
+def apply_events(record: RequestRecord, events: list[tuple[int, bytes]], t0_ns: int = 0) -> None:
+    """Fill a record from a whole stream's events (arrival time since run start, raw bytes)."""
+    parser = StreamParser(record, t0_ns)
+    for t, raw in events:
+        parser.feed(t, raw)
+    parser.close()
 
 
 def _fail(record: RequestRecord, kind: ErrorType, message: str) -> None:
@@ -142,6 +173,59 @@ def _fail(record: RequestRecord, kind: ErrorType, message: str) -> None:
         record.status = Status.ERROR
         record.error_type = kind
         record.error_message = message
+
+
+class ArrivalStamps:
+    """Stamps bytes where they arrive: in the connection's ``data_received``, which the event
+    loop runs for every readable socket before any waiting task resumes.
+
+    With many streams, a task that stamps its own reads stamps late by however many other
+    streams ran first; this does not. Each stamp is paired with the reader's running byte
+    count, so an event gets the time of the read that completed it. It reaches into the
+    aiohttp connection under httpx; where that shape is not found it stays inactive and the
+    caller stamps its own reads.
+    """
+
+    def __init__(self, response: httpx.Response, t0_ns: int, headers_ns: int) -> None:
+        self.points: list[tuple[int, int]] = []  # (payload bytes received so far, time)
+        self._next = 0
+        self._protocol: Any = None
+        stream = getattr(response.stream, "_stream", response.stream)
+        native = getattr(stream, "_aiohttp_response", None)
+        connection = getattr(native, "connection", None)
+        protocol = getattr(connection, "protocol", None)
+        reader = getattr(native, "content", None)
+        if protocol is None or not hasattr(reader, "total_bytes"):
+            return
+        # bytes that came in with the headers arrived when the headers did
+        self.points.append((reader.total_bytes, headers_ns))
+        original = protocol.data_received
+
+        def stamped(data: bytes) -> None:
+            t = now_ns() - t0_ns
+            original(data)
+            self.points.append((reader.total_bytes, t))
+
+        protocol.data_received = stamped
+        self._protocol = protocol
+
+    @property
+    def active(self) -> bool:
+        return self._protocol is not None
+
+    def time_of(self, offset: int) -> int | None:
+        """When the byte at ``offset`` (exclusive end) arrived; offsets must not go backwards."""
+        points = self.points
+        i = self._next
+        while i < len(points) and points[i][0] < offset:
+            i += 1
+        self._next = i
+        return points[i][1] if i < len(points) else None
+
+    def detach(self) -> None:
+        if self._protocol is not None:
+            del self._protocol.data_received  # back to the class's method before the pool reuses it
+            self._protocol = None
 
 
 class StreamingClient:
@@ -194,7 +278,7 @@ class StreamingClient:
     async def send(self, record: RequestRecord, body: bytes) -> None:
         """Send one streaming request and fill ``record``; never raises but for cancellation."""
         t0 = self.t0_ns
-        events: list[tuple[int, bytes]] = []
+        parser = StreamParser(record, t0)
         streaming = False
         try:
             record.sent_ns = now_ns() - t0
@@ -210,31 +294,39 @@ class StreamingClient:
                     _fail(record, ErrorType.HTTP, f"HTTP {response.status_code}: {detail}")
                     return
                 streaming = True
+                arrivals = ArrivalStamps(response, t0, record.headers_ns)
                 buf = b""
+                start = 0  # stream offset of buf's first byte
                 async for chunk in response.aiter_raw():
-                    t = now_ns() - t0
+                    t = now_ns() - t0  # stamped before anything is parsed
                     buf += chunk
                     if b"\n\n" not in buf:
                         if b"\r\n\r\n" not in buf:
                             continue
+                        arrivals.detach()  # offsets no longer match the wire: stamp reads
                         buf = buf.replace(b"\r\n", b"\n")
-                    *complete, buf = buf.split(b"\n\n")
+                    *complete, rest = buf.split(b"\n\n")
                     for raw in complete:
-                        events.append((t, raw))
+                        start += len(raw) + 2
+                        at = arrivals.time_of(start) if arrivals.active else None
+                        parser.feed(t if at is None else at, raw)
+                    buf = rest
                 if buf.strip():
-                    events.append((now_ns() - t0, buf))
+                    parser.feed(now_ns() - t0, buf)
             finally:
+                if streaming:
+                    arrivals.detach()
                 await response.aclose()
                 record.closed_ns = now_ns() - t0
-            apply_events(record, events, t0)
+            parser.close()
         except asyncio.CancelledError:
-            apply_events(record, events, t0)
+            parser.close()
             record.status = Status.CANCELLED
             record.error_type = ErrorType.CANCELLED
             record.error_message = "the run was interrupted while this request was in flight"
             raise
         except Exception as exc:  # every transport failure is a recorded outcome
-            apply_events(record, events, t0)
+            parser.close()
             if record.error_type is ErrorType.DISCONNECT:
                 # the transport's own explanation replaces "the stream ended early"
                 record.status, record.error_type, record.error_message = Status.OK, None, None

@@ -85,13 +85,18 @@ class RecordWriter:
         self._pending.append(record)
         return len(self._pending) >= self.batch_size or time.monotonic() - self._last_flush >= self.interval_s
 
+    # Building a frame from Python rows holds the GIL for the whole C call: slices keep each
+    # hold to a few ms, so the event loop's thread is never locked out for long.
+    SLICE = 32
+
     def _write(self, records: list[RequestRecord]) -> None:
-        table = to_arrow(records_frame(records))
-        if self._writer is None:
-            self._schema = table.schema
-            self._sink = pa.OSFile(str(self.path), "wb")
-            self._writer = ipc.new_file(self._sink, self._schema)
-        self._writer.write_table(table.cast(self._schema))
+        for start in range(0, max(len(records), 1), self.SLICE):
+            table = to_arrow(records_frame(records[start : start + self.SLICE]))
+            if self._writer is None:
+                self._schema = table.schema
+                self._sink = pa.OSFile(str(self.path), "wb")
+                self._writer = ipc.new_file(self._sink, self._schema)
+            self._writer.write_table(table.cast(self._schema))
         self.written += len(records)
 
     async def flush(self) -> None:
