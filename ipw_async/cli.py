@@ -20,7 +20,7 @@ app = typer.Typer(
     help="Benchmark LLM inference cost under concurrent load: latency, throughput and per-query energy.",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # an error is one line, however long
 _debug = False
 
 

@@ -81,27 +81,33 @@ def counter_knots(t: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return kt.astype(float), ke.astype(float)
 
 
+def _series(
+    telemetry: pl.DataFrame, time_column: str, value_column: str
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """A column's non-null readings in time order, or None with fewer than two."""
+    if time_column not in telemetry.columns:
+        return None
+    rows = telemetry.select(time_column, value_column).drop_nulls()
+    if rows.height < 2:
+        return None
+    t = rows.get_column(time_column).to_numpy().astype(float)
+    v = rows.get_column(value_column).to_numpy().astype(float)
+    order = np.argsort(t, kind="stable")
+    return t[order], v[order]
+
+
 def virtual_counter(telemetry: pl.DataFrame, meter: Meter, gap_factor: float) -> VirtualCounter | None:
     """A meter's cumulative energy as knots, or None when it produced no usable data."""
-    source_t = f"{meter.source}.t_ns"
-    if source_t not in telemetry.columns:
-        return None
     if meter.kind == "counter" and meter.energy_column in telemetry.columns:
-        rows = telemetry.select(source_t, meter.energy_column).drop_nulls()
-        if rows.height < 2:
+        series = _series(telemetry, f"{meter.source}.t_ns", meter.energy_column)
+        if series is None:
             return None
-        t = rows.get_column(source_t).to_numpy().astype(float)
-        e = rows.get_column(meter.energy_column).to_numpy().astype(float)
-        order = np.argsort(t, kind="stable")
-        kt, ke = counter_knots(t[order], np.maximum.accumulate(e[order]))
+        kt, ke = counter_knots(series[0], np.maximum.accumulate(series[1]))
     elif meter.power_column in telemetry.columns:
-        rows = telemetry.select(source_t, meter.power_column).drop_nulls()
-        if rows.height < 2:
+        series = _series(telemetry, f"{meter.source}.t_ns", meter.power_column)
+        if series is None:
             return None
-        kt = rows.get_column(source_t).to_numpy().astype(float)
-        p = rows.get_column(meter.power_column).to_numpy().astype(float)
-        order = np.argsort(kt, kind="stable")
-        kt, p = kt[order], p[order]
+        kt, p = series
         ke = np.concatenate(([0.0], np.cumsum((p[1:] + p[:-1]) / 2.0 * np.diff(kt) / NS)))
     else:
         return None
@@ -112,8 +118,8 @@ def virtual_counter(telemetry: pl.DataFrame, meter: Meter, gap_factor: float) ->
     return VirtualCounter(kt, ke, _gap_mask(kt, gap_factor))
 
 
-def _extend(vc: VirtualCounter, start: float, end: float) -> VirtualCounter:
-    """Cover [start, end] by extrapolating at the mean covered power (imputed)."""
+def extend_counter(vc: VirtualCounter, start: float, end: float) -> VirtualCounter:
+    """Cover [start, end] by extrapolating at the mean covered power (those intervals are imputed)."""
     t, e, imp = vc.t, vc.e, vc.imputed
     rate = (e[-1] - e[0]) / (t[-1] - t[0])
     if start < t[0]:
@@ -228,7 +234,7 @@ def attribute_meter(
     end = requests.get_column("end_ns").to_numpy().astype(float)
     measured_j = float(vc.e[-1] - vc.e[0] - np.sum(np.diff(vc.e)[vc.imputed]))
     if n:
-        vc = _extend(vc, float(sent.min()), float(end.max()))
+        vc = extend_counter(vc, float(sent.min()), float(end.max()))
 
     seg_eq = _equal_segments(sent, end)
     seg_rule = _token_segments(requests, config.prefill_weight) if config.rule == "tokens" else seg_eq

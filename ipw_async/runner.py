@@ -68,6 +68,7 @@ class RunConfig:
     max_queries: int | None = None
     duration: float | None = None
     seed: int = 0
+    dataset_seed: int | None = None  # synthetic lengths; default: seed (a sweep holds it fixed)
     max_tokens: int = 256
     temperature: float | None = 0.0
     params: dict[str, Any] = field(default_factory=dict)
@@ -124,13 +125,13 @@ class Display(Protocol):
     def note(self, message: str) -> None: ...
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "-", text).strip("-")[:40] or "x"
 
 
 def default_run_dir(root: Path, model: str, dataset: str, label: str) -> Path:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    return root / f"{stamp}_{_slug(model)}_{_slug(dataset)}_{label}"
+    return root / f"{stamp}_{slug(model)}_{slug(dataset)}_{label}"
 
 
 def _versions() -> dict[str, str | None]:
@@ -317,7 +318,7 @@ def _validate(config: RunConfig) -> tuple[LoadSpec, Dataset]:
             prompt_tokens=config.prompt_tokens,
             output_tokens=config.output_tokens,
             length_sigma=config.length_sigma,
-            seed=config.seed,
+            seed=config.seed if config.dataset_seed is None else config.dataset_seed,
         )
     except DatasetError as exc:
         raise RunError(str(exc)) from None

@@ -1,1 +1,84 @@
-"""Turning run directories into answers: accuracy per joule, regressions, sweeps."""
+"""Turning run directories into answers: accuracy per joule, regressions, sweeps.
+
+The public names load their module on first use: the CLI imports this package at every start
+(to register its commands), and scipy and matplotlib should cost nothing to ``ipw-async run``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "analyze": "analyses",
+    "ANALYSES": "analyses",
+    "accuracy_report": "accuracy",
+    "impute_energy": "accuracy",
+    "correctness": "accuracy",
+    "fit": "regression",
+    "regression_report": "regression",
+    "goodput": "latency",
+    "latency_report": "latency",
+    "parse_slo": "latency",
+    "energy_report": "breakdown",
+    "mean_ci": "repeats",
+    "pareto_front": "pareto",
+    "run_sweep": "sweep",
+    "SweepResult": "sweep",
+    "headline_figures": "headline",
+    "compare_runs": "compare",
+    "compare_table": "compare",
+    "plot_run": "plots",
+    "PlotReport": "plotting",
+    "load_run": "rundir",
+    "RunDir": "rundir",
+    "RunDirError": "rundir",
+}
+
+__all__ = [
+    "ANALYSES",
+    "PlotReport",
+    "RunDir",
+    "RunDirError",
+    "SweepResult",
+    "accuracy_report",
+    "analyze",
+    "compare_runs",
+    "compare_table",
+    "correctness",
+    "energy_report",
+    "fit",
+    "goodput",
+    "headline_figures",
+    "impute_energy",
+    "latency_report",
+    "load_run",
+    "mean_ci",
+    "pareto_front",
+    "parse_slo",
+    "plot_run",
+    "regression_report",
+    "run_sweep",
+]
+
+if TYPE_CHECKING:
+    from .accuracy import accuracy_report, correctness, impute_energy
+    from .analyses import ANALYSES, analyze
+    from .breakdown import energy_report
+    from .compare import compare_runs, compare_table
+    from .headline import headline_figures
+    from .latency import goodput, latency_report, parse_slo
+    from .pareto import pareto_front
+    from .plots import plot_run
+    from .plotting import PlotReport
+    from .regression import fit, regression_report
+    from .repeats import mean_ci
+    from .rundir import RunDir, RunDirError, load_run
+    from .sweep import SweepResult, run_sweep
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

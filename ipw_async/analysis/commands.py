@@ -1,9 +1,292 @@
-"""CLI commands for analysis (analyze, plot, sweep, compare), registered on the main app."""
+"""CLI commands for analysis (analyze, plot, sweep, compare), registered on the main app.
+
+Each command is a thin shell over a library function; ``ipw_async.cli`` is imported inside
+the functions because it imports this module to register them.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
 import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from .sweep import SweepResult
+
+out = Console(highlight=False, soft_wrap=True)  # one line per message, even in a narrow log
+
+RunDirArg = Annotated[
+    Path,
+    typer.Argument(
+        help="A run directory written by `ipw-async run` (it holds records.arrow).", show_default=False
+    ),
+]
+
+
+def _fail(message: str) -> typer.Exit:
+    from ..cli import fail
+
+    return fail(message)
+
+
+def _fmt(value: float | None, spec: str = ".3g", unit: str = "") -> str:
+    return "—" if value is None else f"{value:{spec}}{unit}"
+
+
+def analyze(
+    run_dir: RunDirArg,
+    analysis: Annotated[
+        str,
+        typer.Option(
+            help="Which analysis to write: accuracy (IPJ/IPW), regression (cost per token), latency "
+            "(distributions and goodput), energy (prefill/decode/idle split) or all."
+        ),
+    ] = "all",
+    scorer: Annotated[
+        str | None,
+        typer.Option(
+            help="Rescore every answer against its reference with exact, contains, numeric or choice. "
+            "Default: keep the verdicts recorded during the run."
+        ),
+    ] = None,
+    slo: Annotated[
+        str | None,
+        typer.Option(
+            help="Service-level objectives for goodput, in milliseconds, e.g. ttft_ms=200,tpot_ms=50,e2e_ms=2000. "
+            "A request counts toward goodput only if it meets every one given.",
+        ),
+    ] = None,
+) -> None:
+    """Analyse a run: accuracy per joule and per watt, regressions, latency and goodput, energy by phase.
+
+    Writes RUN_DIR/analysis/<name>.json. Works on partial runs too: a figure that needs a missing file is null, with the reason beside it.
+    """
+    from .analyses import analyze as analyze_run
+    from .latency import parse_slo
+
+    try:  # RunDirError (no run there) is a ValueError too
+        results = analyze_run(run_dir, analysis, scorer=scorer, slo=parse_slo(slo))
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    _print_analysis(results)
+    out.print(f"written: {', '.join(f'analysis/{n}.json' for n in results)} in {run_dir}")
+
+
+def _print_analysis(results: dict[str, dict[str, Any]]) -> None:
+    if "accuracy" in results:
+        acc = results["accuracy"]
+        out.print(
+            f"accuracy {_fmt(acc['accuracy'], '.1%')} ({acc['correct']} of {acc['scored']} scored, "
+            f"{acc['unscored']} unscored)"
+        )
+        for meter, rep in acc["energy"].items():
+            out.print(
+                f"  {meter}: {_fmt(rep['energy_j']['mean'], ',.3g', ' J')}/query, "
+                f"{_fmt(rep['power_w']['mean'], ',.3g', ' W')}, IPJ {_fmt(rep['ipj'])}, IPW {_fmt(rep['ipw'])}"
+                + (f" ({rep['energy_j']['imputed']} imputed)" if rep["energy_j"]["imputed"] else "")
+            )
+    good = results.get("latency", {}).get("goodput")
+    if good:
+        out.print(
+            f"goodput {_fmt(good['goodput_rps'], ',.3g', ' req/s')}: {good['met']} of {good['measured']} "
+            f"requests ({_fmt(good['fraction'], '.1%')}) meet every SLO"
+        )
+    for meter, rep in results.get("energy", {}).get("meters", {}).items():
+        if rep.get("phases"):
+            split = ", ".join(f"{k} {v['energy_j']:,.1f} J" for k, v in rep["phases"].items())
+            out.print(f"  {meter} by phase: {split} (deviation from total {_fmt(rep['deviation'], '.1e')})")
+
+
+def plot(
+    run_dir: RunDirArg,
+    output: Annotated[
+        Path | None,
+        typer.Option(help="Folder for the PNG files (default: RUN_DIR/plots).", show_default=False),
+    ] = None,
+) -> None:
+    """Draw a run's plots as PNG: regressions, output-length density, power timeline, energy, TTFT CDF.
+
+    A plot whose data the run does not have is skipped, with the reason printed.
+    """
+    from .plots import plot_run
+    from .rundir import RunDirError
+
+    try:
+        report = plot_run(run_dir, output)
+    except RunDirError as exc:
+        raise _fail(str(exc)) from None
+    for path in report.written:
+        out.print(f"wrote {path}")
+    for name, reason in report.skipped.items():
+        out.print(f"[yellow]skipped[/] {name}: {reason}")
+
+
+def _numbers(text: str | None, kind: type, flag: str) -> list[Any] | None:
+    if text is None:
+        return None
+    try:
+        return [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise _fail(f"{flag} takes a comma-separated list of numbers, e.g. 1,2,4,8") from None
+
+
+def sweep(
+    ctx: typer.Context,
+    concurrency: Annotated[
+        str | None,
+        typer.Option(
+            "--concurrency",
+            "-c",
+            help="Concurrency levels to run, comma-separated, e.g. 1,2,4,8.",
+            show_default=False,
+        ),
+    ] = None,
+    rate: Annotated[
+        str | None,
+        typer.Option(
+            help="Arrival rates (requests/s) to run instead, comma-separated, e.g. 1,2,5.", show_default=False
+        ),
+    ] = None,
+    repeats: Annotated[int, typer.Option(help="Runs per level; repeat r uses seed + r.")] = 3,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--output-dir",
+            "-o",
+            help="Sweep directory: one run directory per level and repeat, and sweep/ with the results "
+            "(default ./runs/sweep_<UTC time>_<model or sim>).",
+            show_default=False,
+        ),
+    ] = None,
+    max_ttft_ms: Annotated[
+        float | None,
+        typer.Option(help="Reject levels whose median TTFT (mean over repeats) exceeds this many ms."),
+    ] = None,
+    max_tpot_ms: Annotated[
+        float | None,
+        typer.Option(help="Reject levels whose median TPOT (mean over repeats) exceeds this many ms."),
+    ] = None,
+    max_j_per_query: Annotated[
+        float | None,
+        typer.Option(help="Reject levels using more joules per query than this (mean over repeats)."),
+    ] = None,
+    min_accuracy: Annotated[
+        float | None, typer.Option(help="Reject levels less accurate than this fraction, e.g. 0.8.")
+    ] = None,
+    min_throughput: Annotated[
+        float | None, typer.Option(help="Reject levels producing fewer output tokens per second than this.")
+    ] = None,
+) -> None:
+    """Run the benchmark at several concurrency levels (or rates), repeated, with statistics and plots.
+
+    Any `ipw-async run` option may follow (e.g. -n 100 --dataset synthetic --base-url URL); every run draws the same queries (same dataset and --max-queries); repeat r runs with seed + r (arrivals and the simulator), while synthetic lengths keep the base seed so every repeat sends the same queries.
+
+    Writes raw_runs.csv, summary_stats.csv/.json, the Pareto frontiers, summary.json (levels accepted or rejected by the constraints, and the best) and plots under OUTPUT_DIR/sweep/. Ctrl-C stops the sweep and still writes the results of the runs that finished.
+    """
+    from ..cli import config_from_options, run_options
+    from .sweep import default_sweep_dir, run_sweep
+
+    try:
+        options = run_options(ctx.args)
+    except typer.TyperException as exc:  # typer's own click: a bad or unknown run option
+        raise _fail(f"{exc.format_message()} (in the run options passed through to each run)") from None
+    base = config_from_options(options)
+    out_dir = output_dir or default_sweep_dir(base)
+    constraints = {
+        "max_ttft_ms": max_ttft_ms,
+        "max_tpot_ms": max_tpot_ms,
+        "max_j_per_query": max_j_per_query,
+        "min_accuracy": min_accuracy,
+        "min_throughput": min_throughput,
+    }
+    quiet = bool(options.get("quiet"))
+    try:
+        result = run_sweep(
+            base,
+            _numbers(concurrency, int, "--concurrency"),
+            _numbers(rate, float, "--rate"),
+            repeats,
+            out_dir,
+            constraints,
+            display=None,
+            progress=None if quiet else _progress_line,
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if not quiet:
+        out.print(_sweep_table(result))
+        for name, reason in result.plots.skipped.items():
+            out.print(f"[yellow]plot skipped[/] {name}: {reason}")
+    if result.interrupted:
+        from ..cli import err
+
+        err.print(f"[yellow]interrupted:[/] results of the runs that finished are in {result.sweep_dir}")
+        raise typer.Exit(130)
+    raise typer.Exit(0 if result.summary["counts"]["runs_failed"] == 0 else 1)
+
+
+def _progress_line(row: dict[str, Any], done: int, total: int) -> None:
+    from ..cli import err
+    from .compare import format_figure
+
+    head = f"{'[simulated] ' if row['simulated'] else ''}[{done}/{total}] {row['level']} r{row['repeat']} seed {row['seed']}"
+    if row["status"] != "ok":
+        err.print(f"{escape(head)}: [red]{row['status']}[/] {escape(row['error'] or '')}", soft_wrap=True)
+        return
+    figures = " · ".join(
+        f"{format_figure(k, row[k])}{suffix}"
+        for k, suffix in (
+            ("throughput_rps", ""),
+            ("ttft_p50_s", " TTFT p50"),
+            ("j_per_query", "/query"),
+            ("j_per_token", "/token"),
+        )
+    )
+    err.print(f"{head}: {figures} → {row['run_dir']}", markup=False, soft_wrap=True)
+
+
+def _sweep_table(result: SweepResult) -> Table:
+    table = Table(title=f"ipw-async sweep → {result.sweep_dir}", header_style="bold", title_justify="left")
+    for col in ("level", "runs ok", "J/query ± CI", "J/token ± CI", "tok/s", "TTFT p50", "verdict"):
+        table.add_column(col, justify="left" if col in ("level", "verdict") else "right")
+    for lv in result.levels:
+        s = lv["stats"]
+        table.add_row(
+            lv["level"],
+            f"{lv['ok_runs']}/{lv['runs']}",
+            f"{_fmt(s['j_per_query']['mean'], ',.3g')} ± {_fmt(s['j_per_query']['ci95'], '.2g')}",
+            f"{_fmt(s['j_per_token']['mean'], ',.3g')} ± {_fmt(s['j_per_token']['ci95'], '.2g')}",
+            _fmt(s["throughput_tok_s"]["mean"], ",.0f"),
+            _fmt(s["ttft_p50_s"]["mean"] and s["ttft_p50_s"]["mean"] * 1000, ",.1f", " ms"),
+            "accepted" if lv["accepted"] else "rejected: " + "; ".join(lv["reasons"]),
+        )
+    return table
+
+
+def compare(
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(help="Two or more run directories to put side by side.", show_default=False),
+    ],
+) -> None:
+    """Show the headline figures of several runs side by side ('—' where a run did not measure one)."""
+    from .compare import compare_runs, compare_table
+    from .rundir import RunDirError
+
+    try:
+        compared = compare_runs(run_dirs)
+    except RunDirError as exc:
+        raise _fail(str(exc)) from None
+    out.print(compare_table(compared))
 
 
 def register(app: typer.Typer) -> None:
     """Add the analysis commands to ``app``."""
+    app.command("analyze")(analyze)
+    app.command("plot")(plot)
+    app.command("sweep", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(sweep)
+    app.command("compare")(compare)

@@ -254,6 +254,9 @@ class _Stream:
         else:
             choice = {"index": 0, "text": text or "", "finish_reason": finish}
             kind = "text_completion"
+        return self._envelope(kind, choice)
+
+    def _envelope(self, kind: str, choice: dict[str, object]) -> dict[str, object]:
         return {
             "id": self.rid,
             "object": kind,
@@ -279,14 +282,8 @@ class _Stream:
             if self.chat
             else {"index": 0, "text": text, "finish_reason": self.finish}
         )
-        kind = "chat.completion" if self.chat else "text_completion"
-        return {
-            "id": self.rid,
-            "object": kind,
-            "created": int(time.time()),
-            "model": self.model,
-            "choices": [choice],
-            "usage": self._usage(),
+        return self._envelope("chat.completion" if self.chat else "text_completion", choice) | {
+            "usage": self._usage()
         }
 
     async def stream(
