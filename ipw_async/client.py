@@ -23,7 +23,6 @@ class ServerUnreachable(Exception):
 @dataclass(frozen=True)
 class ClientConfig:
     base_url: str
-    model: str | None = None
     endpoint: str = "chat"  # chat | completions
     api_key: str | None = None
     max_tokens: int = 256
@@ -34,7 +33,7 @@ class ClientConfig:
     max_connections: int = 64
 
     def __repr__(self) -> str:  # never print the key
-        return f"ClientConfig(base_url={self.base_url!r}, model={self.model!r}, endpoint={self.endpoint!r})"
+        return f"ClientConfig(base_url={self.base_url!r}, endpoint={self.endpoint!r})"
 
 
 def _classify(exc: BaseException, streaming: bool) -> ErrorType:

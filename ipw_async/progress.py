@@ -54,7 +54,7 @@ class LinesDisplay:
 
     def note(self, message: str) -> None:
         if not self.quiet:
-            self.console.print(message, markup=False)
+            self.console.print(message, markup=False, soft_wrap=True)
 
     def finish(self, result: RunResult) -> None:
         if self.quiet:

@@ -166,7 +166,9 @@ class RequestRecord:
             "itl_s": self.itl_s,
             "chunk_ns": self.chunk_ns,
             "chunk_tokens": self.chunk_tokens,
-            "chunk_server_ns": self.chunk_server_ns if any(self.chunk_server_ns) else None,
+            "chunk_server_ns": (
+                self.chunk_server_ns if any(v is not None for v in self.chunk_server_ns) else None
+            ),
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "output_tokens_source": self.output_tokens_source,

@@ -442,7 +442,6 @@ async def _execute(
     client = StreamingClient(
         ClientConfig(
             base_url=base_url,
-            model=model,
             endpoint=config.endpoint,
             api_key=config.api_key,
             max_tokens=config.max_tokens,
