@@ -43,22 +43,21 @@ def read_arrow(path: str | Path) -> pl.DataFrame:
     """Read an Arrow IPC file; one cut short by a crash (no footer) yields its complete batches."""
     path = Path(path)
     try:
-        return pl.read_ipc(path, memory_map=False)
+        return pl.read_ipc(path)
     except Exception:
         data = path.read_bytes()
         if not data.startswith(_ARROW_MAGIC):
             raise
         # An IPC file is magic + padding + an IPC stream + footer: without the footer, the
         # stream part still holds every batch written before the crash.
+        reader = ipc.open_stream(pa.py_buffer(data[8:]))
         batches = []
         try:
-            reader = ipc.open_stream(pa.py_buffer(data[8:]))
             for batch in reader:
                 batches.append(batch)
         except (pa.ArrowInvalid, OSError):
-            if not batches:
-                raise
-        return pl.from_arrow(pa.Table.from_batches(batches))  # type: ignore[return-value]
+            pass  # the batch being written when the process died
+        return pl.from_arrow(pa.Table.from_batches(batches, schema=reader.schema))  # type: ignore[return-value]
 
 
 class RecordWriter:

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import polars as pl
 import pyarrow.ipc as ipc
 import pytest
@@ -152,7 +153,9 @@ async def test_dead_server_mid_run_stops_with_records_kept(tmp_path: Path) -> No
     import asyncio
 
     async def kill_soon() -> None:
-        await asyncio.sleep(1.0)
+        # once a few requests have finished, however slow the machine
+        while len(httpx.get(f"{process.root_url}/sim/truth", timeout=10).json()["requests"]) < 8:
+            await asyncio.sleep(0.1)
         process.stop()
 
     killer = asyncio.create_task(kill_soon())
@@ -230,7 +233,7 @@ def test_crashed_writer_leaves_a_readable_file(tmp_path: Path) -> None:
 
     anyio.run(write_without_closing)
     # the writer never closed (as after a crash): no footer, yet the flushed batches are there
-    with pytest.raises((pl.exceptions.PolarsError, OSError, TypeError)):
-        pl.read_ipc(path, memory_map=False)
+    with pytest.raises((pl.exceptions.PolarsError, OSError)):
+        pl.read_ipc(path)
     frame = read_arrow(path)
     assert frame.get_column("request_id").to_list() == [0, 1, 2, 3]
