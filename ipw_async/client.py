@@ -64,6 +64,30 @@ def _classify(exc: BaseException, streaming: bool) -> ErrorType:
     return ErrorType.OTHER
 
 
+def _describe(exc: BaseException) -> str:
+    """The failure in the words of the exception that saw it (aiohttp's, not httpx's remap)."""
+    native = exc
+    cause = exc.__cause__
+    while cause is not None:
+        if isinstance(cause, aiohttp.ClientError | OSError | TimeoutError):
+            native = cause
+        cause = cause.__cause__
+    return f"{type(native).__name__}: {native}".strip().rstrip(":")
+
+
+def _stale(exc: BaseException, quick: bool) -> bool:
+    """True when a request failed on a connection that was already closed: it could not be
+    written, or (``quick``) the server's hang-up came back at once with no response."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, aiohttp.ClientConnectionResetError):
+            return True
+        if quick and isinstance(cause, aiohttp.ServerDisconnectedError):
+            return True
+        cause = cause.__cause__
+    return False
+
+
 def _error_message(body: bytes) -> str:
     try:
         obj = json.loads(body)
@@ -122,6 +146,10 @@ class StreamParser:
         if obj.get("error") is not None:
             _fail(record, ErrorType.STREAM, _error_message(data))
             return
+        timings = obj.get("timings")  # llama.cpp's own account of the request
+        if timings:
+            record.server_prompt_ms = timings.get("prompt_ms")
+            record.server_tpot_ms = timings.get("predicted_per_token_ms")
         usage = obj.get("usage")
         if usage:
             record.usage_output_tokens = usage.get("completion_tokens", record.usage_output_tokens)
@@ -274,17 +302,35 @@ class StreamingClient:
         payload.update(cfg.params)
         return json.dumps(payload).encode()
 
+    # A pooled keep-alive connection can be closing by the time a request goes out on it:
+    # the server hung up between requests (llama.cpp's server does so after most streams).
+    # Either the write fails, or the server's close arrives within a millisecond or so, with
+    # no byte of response. Such a request never ran, so it is sent again on another
+    # connection instead of being recorded as a server failure; a server that ran a request
+    # cannot fail it that fast. Counted per record; every other failure is an outcome.
+    MAX_RECONNECTS = 2
+    STALE_WINDOW_NS = 50_000_000
+
+    async def _open(self, record: RequestRecord, body: bytes) -> httpx.Response:
+        headers = {"x-ipw-request-id": str(record.request_id)}
+        while True:
+            record.sent_ns = now_ns() - self.t0_ns
+            request = self._http.build_request("POST", self._url, content=body, headers=headers)
+            try:
+                return await self._http.send(request, stream=True)
+            except httpx.TransportError as exc:
+                quick = now_ns() - self.t0_ns - record.sent_ns < self.STALE_WINDOW_NS
+                if record.reconnects >= self.MAX_RECONNECTS or not _stale(exc, quick):
+                    raise
+                record.reconnects += 1
+
     async def send(self, record: RequestRecord, body: bytes) -> None:
         """Send one streaming request and fill ``record``; never raises but for cancellation."""
         t0 = self.t0_ns
         parser = StreamParser(record, t0)
         streaming = False
         try:
-            record.sent_ns = now_ns() - t0
-            request = self._http.build_request(
-                "POST", self._url, content=body, headers={"x-ipw-request-id": str(record.request_id)}
-            )
-            response = await self._http.send(request, stream=True)
+            response = await self._open(record, body)
             try:
                 record.headers_ns = now_ns() - t0
                 record.http_status = response.status_code
@@ -330,7 +376,7 @@ class StreamingClient:
                 # the transport's own explanation replaces "the stream ended early"
                 record.status, record.error_type, record.error_message = Status.OK, None, None
             kind = _classify(exc, streaming)
-            _fail(record, kind, f"{type(exc).__name__}: {exc}".strip().rstrip(":") or kind.value)
+            _fail(record, kind, _describe(exc) or kind.value)
             if record.closed_ns is None:
                 record.closed_ns = now_ns() - t0
 
@@ -362,7 +408,11 @@ async def list_models(base_url: str, api_key: str | None, timeout: float = 10.0)
             f"no OpenAI-compatible API at {base_url} (GET /models gave 404); the base URL usually ends in /v1"
         )
     if response.status_code >= 400:
-        raise ServerUnreachable(f"{base_url} answered GET /models with HTTP {response.status_code}")
+        hint = "; it may still be starting, try again shortly" if response.status_code == 503 else ""
+        raise ServerUnreachable(
+            f"{base_url} answered GET /models with HTTP {response.status_code}: "
+            f"{_error_message(response.content)}{hint}"
+        )
     try:
         return [m["id"] for m in response.json().get("data", [])]
     except (ValueError, KeyError, TypeError, AttributeError):

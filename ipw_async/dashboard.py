@@ -194,10 +194,10 @@ def sparkline(values: Sequence[float | None]) -> str:
 def energy_meters(state: RunState) -> list[MeterState]:
     """Meters summed for J/query and J/token: measured (not estimates) and with a reading.
 
-    Only accelerator meters when the state marks any, as the summary's headline energy does.
+    Only accelerator meters when there are any, as the summary's headline energy does.
     """
     measured = [m for m in state.meters.values() if m.available and not m.estimate and m.energy_j is not None]
-    accelerators = [m for m in measured if getattr(m, "accelerator", False)]
+    accelerators = [m for m in measured if m.accelerator]
     return accelerators or measured
 
 

@@ -67,9 +67,13 @@ class RequestRecord:
     # token counts: from the server's usage when it sent one
     prompt_tokens: int | None = None
     usage_output_tokens: int | None = None
+    # the server's own timings where it reports them (llama.cpp), to hold TTFT/TPOT against
+    server_prompt_ms: float | None = None
+    server_tpot_ms: float | None = None
     # outcome
     status: Status = Status.OK
     http_status: int | None = None
+    reconnects: int = 0  # times the request was re-sent because its pooled connection was closing
     error_type: ErrorType | None = None
     error_message: str | None = None
     correct: bool | None = None
@@ -148,6 +152,7 @@ class RequestRecord:
             "correct": self.correct,
             "status": str(self.status),
             "http_status": self.http_status,
+            "reconnects": self.reconnects,
             "error_type": str(self.error_type) if self.error_type else None,
             "error_message": self.error_message,
             "scheduled_ns": self.scheduled_ns,
@@ -173,6 +178,8 @@ class RequestRecord:
             "output_tokens": self.output_tokens,
             "output_tokens_source": self.output_tokens_source,
             "chunk_count": self.chunk_count,
+            "server_prompt_ms": self.server_prompt_ms,
+            "server_tpot_ms": self.server_tpot_ms,
         }
 
 
@@ -189,6 +196,7 @@ RECORD_SCHEMA: dict[str, pl.DataType] = {
     "correct": pl.Boolean(),
     "status": pl.String(),
     "http_status": pl.Int32(),
+    "reconnects": pl.Int32(),
     "error_type": pl.String(),
     "error_message": pl.String(),
     "scheduled_ns": pl.Int64(),
@@ -212,6 +220,8 @@ RECORD_SCHEMA: dict[str, pl.DataType] = {
     "output_tokens": pl.Int64(),
     "output_tokens_source": pl.String(),
     "chunk_count": pl.Int64(),
+    "server_prompt_ms": pl.Float64(),
+    "server_tpot_ms": pl.Float64(),
 }
 
 

@@ -9,8 +9,9 @@ on 2 cores):
     ipw-async run --base-url http://127.0.0.1:8082/v1 --endpoint completions --dataset qa -c 4 -n 40
 
 It is a base model: use the few-shot ``qa`` dataset on ``--endpoint completions``.
-``--compare RUN_DIR`` then sets the run's TTFT and TPOT beside the server's own timings
-(llama-server reports prompt_ms and predicted_per_token_ms in each stream's last chunk).
+``--compare RUN_DIR`` then sets each request's TTFT beside the server's own prompt time for
+that same request (llama-server reports prompt_ms and predicted_per_token_ms in each
+stream's last chunk; the harness records them as server_prompt_ms and server_tpot_ms).
 """
 
 from __future__ import annotations
@@ -52,25 +53,24 @@ def serve(port: int, parallel: int) -> None:
             proc.terminate()
 
 
-def compare(run_dir: Path, port: int, n: int) -> None:
-    """Send n sequential few-shot requests and set llama-server's timings beside the run's."""
-    records = pl.read_ipc(run_dir / "records.arrow").filter(pl.col("status") == "ok")
-    prompts = records.get_column("prompt").to_list()[:n]
-    server_prompt_ms, server_tpot_ms = [], []
-    for prompt in prompts:
-        body = {"prompt": prompt, "max_tokens": 16, "stop": ["\n"], "stream": False}
-        timings = httpx.post(f"http://127.0.0.1:{port}/completions", json=body, timeout=60).json()["timings"]
-        server_prompt_ms.append(timings["prompt_ms"])
-        server_tpot_ms.append(timings["predicted_per_token_ms"])
-    ttft = records.get_column("ttft_s").drop_nulls().to_numpy() * 1000
-    tpot = records.get_column("tpot_s").drop_nulls().to_numpy() * 1000
-    print(
-        f"run {run_dir}: TTFT p50 {np.median(ttft):.1f} ms, TPOT p50 {np.median(tpot):.1f} ms (client side)"
+def compare(run_dir: Path) -> None:
+    """Per request, the harness's TTFT against the server's own prompt time (same request)."""
+    records = pl.read_ipc(run_dir / "records.arrow").filter(
+        (pl.col("status") == "ok") & pl.col("server_prompt_ms").is_not_null()
     )
+    if records.is_empty():
+        raise SystemExit(f"{run_dir}: no request carries server timings (is it a llama.cpp run?)")
+    gap = (records.get_column("ttft_s") * 1000 - records.get_column("server_prompt_ms")).to_numpy()
+    itl = records.get_column("itl_s").explode().drop_nulls().to_numpy() * 1000
+    server_tpot = records.get_column("server_tpot_ms").drop_nulls().to_numpy()
+    print(f"{records.height} requests from {run_dir}")
     print(
-        f"llama-server alone: prompt p50 {np.median(server_prompt_ms):.1f} ms, "
-        f"per token p50 {np.median(server_tpot_ms):.1f} ms (server side, sequential)"
+        f"TTFT − server prompt_ms: p50 {np.median(gap):.1f} ms, p5 {np.percentile(gap, 5):.1f}, p95 {np.percentile(gap, 95):.1f}"
     )
+    if itl.size:
+        print(
+            f"inter-token gap p50 {np.median(itl):.1f} ms; server per-token p50 {np.median(server_tpot):.1f} ms"
+        )
 
 
 def main() -> None:
@@ -80,10 +80,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8082)
     parser.add_argument("--parallel", type=int, default=4, help="llama-server slots (-np)")
     parser.add_argument("--compare", type=Path, help="a run directory measured against this server")
-    parser.add_argument("-n", type=int, default=20, help="requests for --compare")
     args = parser.parse_args()
     if args.compare:
-        compare(args.compare, args.port, args.n)
+        compare(args.compare)
     else:
         serve(args.port, args.parallel)
 

@@ -176,3 +176,23 @@ async def test_api_key_is_sent_as_bearer_but_never_in_repr(sim: SimulatorProcess
     config = ClientConfig(base_url=sim.base_url, api_key="sk-secret-123")
     assert "sk-secret" not in repr(config)
     assert await list_models(sim.base_url, "sk-secret-123") == ["sim-small"]
+
+
+def test_only_a_request_that_never_ran_is_sent_again() -> None:
+    from ipw_async.client import _describe, _stale
+
+    def chained(outer: Exception, inner: BaseException) -> Exception:
+        outer.__cause__ = inner
+        return outer
+
+    import aiohttp
+    import httpx
+
+    closing = chained(
+        httpx.ConnectTimeout("Can not write request body"), aiohttp.ClientConnectionResetError("closing")
+    )
+    hung_up = chained(httpx.ConnectTimeout("Server disconnected"), aiohttp.ServerDisconnectedError())
+    assert _stale(closing, quick=False)
+    assert _stale(hung_up, quick=True)  # a hang-up at once, with no response: a stale connection
+    assert not _stale(hung_up, quick=False)  # later, the server may have run it: an outcome
+    assert _describe(hung_up).startswith("ServerDisconnectedError")  # not httpx's ConnectTimeout
