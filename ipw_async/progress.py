@@ -6,6 +6,8 @@ import asyncio
 import sys
 from typing import TYPE_CHECKING, TextIO
 
+from rich.console import Console
+
 from .state import RunState
 
 if TYPE_CHECKING:
@@ -41,8 +43,6 @@ class LinesDisplay:
     """Periodic plain lines on stderr, then the summary table: for logs and non-terminals."""
 
     def __init__(self, interval_s: float = 2.0, quiet: bool = False) -> None:
-        from rich.console import Console
-
         self.interval_s = interval_s
         self.quiet = quiet
         self.console = Console(stderr=True, highlight=False)

@@ -28,7 +28,7 @@ import polars as pl
 from . import io
 from ._clock import ClockAnchor, now_ns
 from .client import ClientConfig, StreamingClient, list_models
-from .datasets import Dataset, Query, resolve
+from .datasets import Dataset, DatasetError, Query, resolve
 from .energy import AttributionConfig, attribute
 from .load import LoadSpec, drive
 from .records import ErrorType, RequestRecord, Status
@@ -307,8 +307,6 @@ def _validate(config: RunConfig) -> tuple[LoadSpec, Dataset]:
         AttributionConfig(rule=config.attribution)
     except ValueError as exc:
         raise RunError(str(exc)) from None
-    from .datasets import DatasetError
-
     try:
         dataset = resolve(
             config.dataset,
