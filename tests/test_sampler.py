@@ -35,11 +35,12 @@ async def test_sampler_keeps_deadlines_while_the_loop_is_busy() -> None:
     sampler = Sampler([OpenSource(source, source.open())], period_s=0.02, t0_ns=t0)
     task = asyncio.create_task(sampler.run())
     end = time.monotonic() + 1.0
-    while time.monotonic() < end:  # other work hogs the loop in 2 ms slices
+    while time.monotonic() < end:  # other work holds the loop in 2 ms slices, ~80% of the time
         busy_until = time.monotonic() + 0.002
         while time.monotonic() < busy_until:
             pass
-        await asyncio.sleep(0)
+        # a real loop waits on sockets between callbacks; sleep(0) alone would only ever poll
+        await asyncio.sleep(0.0005)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     frame = sampler.log.frame()
