@@ -541,7 +541,7 @@ async def _mirror(state: RunState, sampler: Sampler, lag: LoopLag) -> None:
         await asyncio.sleep(0.25)
         for m in meters:
             ms = state.meters[m.channel]
-            ms.power_w = log.latest(m.power_column) or log.latest(f"{m.channel}.avg_power_w")
+            ms.power_w = log.latest(m.power_column)
             energy = log.latest(m.energy_column)
             if energy is not None:
                 first.setdefault(m.channel, energy)

@@ -6,10 +6,10 @@ import asyncio
 from dataclasses import dataclass, field, replace
 
 import anyio
-import numpy as np
 import polars as pl
 
 from .._clock import now_ns
+from ..stats import distribution
 from .base import Meter, Reading, SourceInfo, TelemetrySource, timed_read
 
 
@@ -64,8 +64,8 @@ class SamplerQuality:
     period_ms: float
     samples: int = 0
     skipped_ticks: int = 0
-    lateness_ms: dict[str, float | None] = field(default_factory=dict)
-    read_latency_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    lateness_ms: dict[str, float | int | None] = field(default_factory=dict)
+    read_latency_ms: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
 
 
 class Sampler:
@@ -123,24 +123,14 @@ class Sampler:
 
     def quality(self) -> SamplerQuality:
         cols = self.log.columns
-        lateness = np.asarray([v for v in cols["lateness_ns"] if v is not None], dtype=float) / 1e6
 
-        def pct(arr: np.ndarray) -> dict[str, float | None]:
-            if arr.size == 0:
-                return {"p50": None, "p99": None, "max": None}
-            p50, p99 = np.percentile(arr, [50, 99])
-            return {"p50": float(p50), "p99": float(p99), "max": float(arr.max())}
+        def ms(column: str) -> dict[str, float | int | None]:
+            return distribution([v / 1e6 for v in cols[column] if v is not None])
 
-        reads = {
-            s.source.name: pct(
-                np.asarray([v for v in cols[f"{s.source.name}.read_ns"] if v is not None], float) / 1e6
-            )
-            for s in self._sources
-        }
         return SamplerQuality(
             period_ms=self.period_ns / 1e6,
             samples=len(self.log),
             skipped_ticks=self.skipped,
-            lateness_ms=pct(lateness),
-            read_latency_ms=reads,
+            lateness_ms=ms("lateness_ns"),
+            read_latency_ms={s.source.name: ms(f"{s.source.name}.read_ns") for s in self._sources},
         )
