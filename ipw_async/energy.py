@@ -7,6 +7,13 @@ the requests active in it by a weight rule, or to idle when none is. With a base
 the static part (baseline × dt) is shared equally among active requests and only the rest by
 the rule. Where telemetry has a gap, or does not reach a request's window, ΔE is imputed from
 mean power and the request's provenance says so. Sums are exact: attributed + idle = total.
+
+The meter only knows energy per knot interval (one counter update, ~100 ms), while an engine
+step is ~20 ms and a prefill step draws more than a decode step. So the rule's share of a knot
+interval is pooled and split by each request's work in the whole knot interval: power follows
+work inside it, instead of being flat in time. A prompt's prefill work is placed in the
+engine step that produced its first token: the interval since the previous burst of token
+arrivals (a request queued behind others' prefill did no work while it waited).
 """
 
 from __future__ import annotations
@@ -143,13 +150,35 @@ class Segments:
     density: np.ndarray
 
 
+def step_starts(requests: pl.DataFrame, split: float = 0.5) -> np.ndarray:
+    """Client-side times at which the server's engine steps delivered tokens.
+
+    A continuous-batching server emits one token for every running sequence at the end of each
+    step, so token arrivals across all requests come in bursts; a burst starts where arrivals
+    pause for more than ``split`` × the median inter-token latency.
+    """
+    arrivals = np.unique(requests.get_column("chunk_ns").explode().drop_nulls().to_numpy().astype(float))
+    if arrivals.size == 0:
+        return arrivals
+    itl = requests.get_column("itl_s").explode().drop_nulls().to_numpy()
+    itl = itl[itl > 0]
+    pause = split * float(np.median(itl)) * NS if itl.size else 0.0
+    return arrivals[np.concatenate(([True], np.diff(arrivals) > pause))]
+
+
 def _token_segments(requests: pl.DataFrame, prefill_weight: float) -> Segments:
-    """Prefill work (prompt tokens × weight + the first token) over sent→first token, then each
-    chunk's tokens over the gap since the previous chunk."""
+    """Prefill work (prompt tokens × weight + the first token) over the engine step that ended
+    with the first token, then each chunk's tokens over the gap since the previous chunk."""
     reqs, starts, ends, weights = [], [], [], []
+    steps = step_starts(requests)
     cols = requests.select("sent_ns", "end_ns", "chunk_ns", "chunk_tokens", "prompt_tokens")
     for i, (sent, end, chunks, tokens, prompt) in enumerate(cols.iter_rows()):
         prefill = prefill_weight * float(prompt or 0)
+        if chunks:
+            # the burst before the one holding the first token ended the previous step
+            k = int(np.searchsorted(steps, chunks[0], side="right")) - 2
+            if k >= 0:
+                sent = max(sent, steps[k])
         if not chunks:
             reqs.append(i)
             starts.append(sent)
@@ -252,8 +281,13 @@ def attribute_meter(
 
     d_eq, ia_eq, ib_eq = _density(bounds, seg_eq)
     d_rule, ia_r, ib_r = _density(bounds, seg_rule)
-    # dynamic energy by the rule; where the rule sees no work but requests are active, equally
-    by_rule = _safe_div(dynamic, d_rule)
+    # dynamic energy by the rule, pooled per knot interval (see the module docstring); where
+    # the rule sees no work but requests are active, equally
+    working = d_rule > 0
+    knots = vc.t.size - 1
+    work_per_knot = np.bincount(knot_of, weights=d_rule * dt, minlength=knots)
+    energy_per_knot = np.bincount(knot_of, weights=np.where(working, dynamic, 0.0), minlength=knots)
+    by_rule = np.where(working, _safe_div(energy_per_knot, work_per_knot)[knot_of] * dt, 0.0)
     to_equal = static + np.where(d_rule > 0, 0.0, dynamic)
     by_equal = _safe_div(to_equal, d_eq)
     energy = _share(seg_rule, ia_r, ib_r, by_rule, n) + _share(seg_eq, ia_eq, ib_eq, by_equal, n)

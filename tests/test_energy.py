@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipw_async import run_benchmark
-from ipw_async.energy import AttributionConfig, attribute, counter_knots
+from ipw_async.energy import AttributionConfig, attribute, counter_knots, step_starts
 from ipw_async.records import RequestRecord, records_frame
 from ipw_async.telemetry.base import Meter
 
@@ -142,6 +142,42 @@ def test_baseline_splits_static_equally_and_dynamic_by_tokens() -> None:
     no_baseline, _ = attribute(tel, [POWER], recs, AttributionConfig())
     e = no_baseline.get_column("energy_j").to_numpy()
     assert e[0] > 1.5 * e[1]  # all dynamic: by tokens
+
+
+def test_step_boundaries_are_bursts_of_token_arrivals() -> None:
+    recs = records([(0, 100, 3), (0, 100, 3), (0, 100, 3)])  # 10 ms steps, one token each
+    # the third stream reads each step's token 0.4 ms later: its arrivals join the same bursts
+    recs = recs.with_columns(
+        pl.when(pl.col("request_id") == 2)
+        .then(pl.col("chunk_ns").list.eval(pl.element() + 400_000))
+        .otherwise(pl.col("chunk_ns"))
+    )
+    starts = step_starts(recs)
+    assert (starts / MS).tolist() == [100.0, 110.0, 120.0]
+
+
+def test_prefill_is_charged_to_the_step_that_ended_with_the_first_token() -> None:
+    t = np.arange(0, 501, 10, dtype=float)
+    tel = telemetry(t, power=np.full(t.size, 100.0))
+    # B is sent with A but queues behind it: its first token comes at 300 ms, in A's 21st step
+    recs = records([(0, 100, 31), (0, 300, 11)], prompt_tokens=40)
+    out, _ = attribute(tel, [POWER], recs, AttributionConfig(prefill_weight=0.25))
+    b = out.get_column("energy_j")[1]
+    # nothing of A's work before 290 ms; in the 290–300 ms step B's prefill (10) + first token
+    # against A's one token; then one token each per step; and the last millisecond equally
+    assert b == pytest.approx(100 * (0.010 * 11 / 12 + 0.100 / 2 + 0.001 / 2), rel=1e-9)
+
+
+def test_within_one_meter_interval_energy_follows_work_not_time() -> None:
+    tel = telemetry(np.array([100.0, 210.0]), power=np.array([300.0, 300.0]))  # one 33 J interval
+    # A: a prefill step then a token every 10 ms; B arrives mid-way and prefills in 150–160 ms
+    recs = records([(100, 110, 10), (140, 160, 5)], prompt_tokens=36)
+    out, section = attribute(tel, [POWER], recs, AttributionConfig(prefill_weight=0.25))
+    a, b = out.get_column("energy_j").to_list()
+    # 100–200 ms (30 J) by work: A 9 prefill units + 10 tokens, B 9 + 5; then 200–201 ms equally
+    assert a == pytest.approx(30 * 19 / 33 + 0.15, rel=1e-9)
+    assert b == pytest.approx(30 * 14 / 33 + 0.15, rel=1e-9)
+    assert section["meters"]["dev"]["idle_j"] == pytest.approx(2.7, rel=1e-9)
 
 
 schedules = st.lists(
