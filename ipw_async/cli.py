@@ -167,6 +167,13 @@ def run(
         str | None, typer.Option(help="GPUs to measure by index or UUID, comma-separated (default all).")
     ] = None,
     sample_ms: Annotated[float, typer.Option(help="Telemetry sampling period in milliseconds.")] = 50.0,
+    realtime_sampler: Annotated[
+        bool,
+        typer.Option(
+            help="Ask the OS to run the sampler thread at real-time priority (needs root or "
+            "CAP_SYS_NICE; refused quietly otherwise, and the summary says which it got)."
+        ),
+    ] = True,
     baseline_s: Annotated[
         float, typer.Option(help="Seconds of idle power to measure before the run (0: none).")
     ] = 1.0,
@@ -229,6 +236,7 @@ def config_from_options(p: dict[str, Any]) -> RunConfig:
         telemetry=p["telemetry"],
         gpus=[g.strip() for g in p["gpus"].split(",")] if p["gpus"] else None,
         sample_ms=p["sample_ms"],
+        realtime_sampler=p["realtime_sampler"],
         baseline_s=p["baseline_s"],
         baseline_w=p["baseline_w"],
         attribution=p["attribution"],

@@ -80,6 +80,7 @@ class RunConfig:
     telemetry: str = "auto"
     gpus: list[str] | None = None
     sample_ms: float = 50.0
+    realtime_sampler: bool = True
     baseline_s: float = 1.0
     baseline_w: float | None = None
     attribution: str = "tokens"
@@ -453,7 +454,7 @@ async def _execute(
     )
     run = _Run(config, dataset, client, model)
     writer = io.RecordWriter(run_dir / io.RECORDS)
-    sampler = Sampler(telemetry.opened, config.sample_ms / 1000, t0)
+    sampler = Sampler(telemetry.opened, config.sample_ms / 1000, t0, realtime=config.realtime_sampler)
     lag = LoopLag()
     cpu = HarnessCpu()
     rng = np.random.default_rng(config.seed)

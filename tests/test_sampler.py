@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 
 import numpy as np
+import pytest
 
 from ipw_async._clock import now_ns
 from ipw_async.telemetry import OpenSource, Sampler
@@ -58,6 +61,38 @@ async def test_sampler_keeps_deadlines_while_the_loop_is_busy() -> None:
     assert frame.get_column("slow.energy_j").is_sorted()
 
 
+async def test_sampler_ticks_on_while_a_callback_holds_the_loop() -> None:
+    source = SlowCounter()
+    t0 = now_ns()
+    switch_interval = sys.getswitchinterval()
+    sampler = Sampler([OpenSource(source, source.open())], period_s=0.02, t0_ns=t0)
+    task = asyncio.create_task(sampler.run())
+    await asyncio.sleep(0.05)
+    held_from = now_ns() - t0
+    end = time.monotonic() + 0.6
+    while time.monotonic() < end:  # one callback that never yields, for 600 ms
+        pass
+    held_to = now_ns() - t0
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    deadlines = sampler.log.frame().get_column("t_ns").to_numpy()
+    during = deadlines[(deadlines >= held_from) & (deadlines < held_to)]
+    # an on-loop timer could not fire until the callback ended; the sampler's thread keeps ticking
+    assert during.size >= 15
+    assert sys.getswitchinterval() == switch_interval  # the process's setting is given back
+
+
+async def test_a_failing_source_fails_the_sampler_task() -> None:
+    class Broken(SlowCounter):
+        def read(self) -> Reading:
+            raise OSError("driver went away")
+
+    source = Broken()
+    sampler = Sampler([OpenSource(source, source.open())], period_s=0.01, t0_ns=now_ns())
+    with pytest.raises(OSError, match="driver went away"):
+        await asyncio.wait_for(sampler.run(), timeout=5)
+
+
 async def test_sampler_records_a_failed_read_as_null() -> None:
     class Flaky(SlowCounter):
         def read(self) -> Reading:
@@ -71,3 +106,30 @@ async def test_sampler_records_a_failed_read_as_null() -> None:
     values = sampler.log.frame().get_column("slow.energy_j").to_list()
     assert values[0] is None and values[1] == 2.0
     assert sampler.quality().samples == 6
+
+
+async def _scheduling_of(sampler: Sampler) -> str:
+    task = asyncio.create_task(sampler.run())
+    while not len(sampler.log):
+        await asyncio.sleep(0.005)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return sampler.quality().scheduling
+
+
+async def test_sampler_says_when_real_time_scheduling_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    source = SlowCounter()
+    sampler = Sampler([OpenSource(source, source.open())], period_s=0.01, t0_ns=now_ns())
+    scheduling = await _scheduling_of(sampler)
+    assert scheduling.startswith("normal (real-time refused: Operation not permitted")
+    assert "CAP_SYS_NICE" in scheduling
+
+
+async def test_sampler_can_be_kept_at_normal_priority() -> None:
+    source = SlowCounter()
+    sampler = Sampler([OpenSource(source, source.open())], period_s=0.01, t0_ns=now_ns(), realtime=False)
+    assert await _scheduling_of(sampler) == "normal (real-time not asked for)"

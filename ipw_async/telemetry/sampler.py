@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+import threading
 from dataclasses import dataclass, field, replace
 
-import anyio
 import polars as pl
 
 from .._clock import now_ns
@@ -33,6 +35,7 @@ class TelemetryLog:
         for s in sources:
             names += [f"{s.source.name}.t_ns", f"{s.source.name}.read_ns", *s.info.columns]
         self.columns: dict[str, list[float | int | None]] = {n: [] for n in names}
+        self._lock = threading.Lock()  # the sampler thread appends while the loop reads
 
     @property
     def meters(self) -> list[Meter]:
@@ -42,15 +45,17 @@ class TelemetryLog:
         return len(self.columns["t_ns"])
 
     def append(self, row: dict[str, float | int | None]) -> None:
-        for name, values in self.columns.items():
-            values.append(row.get(name))
+        with self._lock:
+            for name, values in self.columns.items():
+                values.append(row.get(name))
 
     def frame(self) -> pl.DataFrame:
         schema = {
             n: pl.Int64() if n.endswith(("t_ns", "read_ns", "lateness_ns")) else pl.Float64()
             for n in self.columns
         }
-        return pl.DataFrame(self.columns, schema=schema)
+        with self._lock:
+            return pl.DataFrame(self.columns, schema=schema)
 
     def latest(self, column: str) -> float | None:
         for value in reversed(self.columns.get(column, ())):
@@ -66,18 +71,44 @@ class SamplerQuality:
     skipped_ticks: int = 0
     lateness_ms: dict[str, float | int | None] = field(default_factory=dict)
     read_latency_ms: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
+    scheduling: str = "normal"  # the sampler thread's: "real-time", or "normal" and why
+
+
+# While the sampler thread waits for the GIL, the loop's thread keeps it for up to this long
+# (CPython's default is 5 ms, more than the whole lateness budget).
+SWITCH_INTERVAL_S = 0.0005
+
+
+def _ask_realtime() -> str:
+    """Ask for FIFO real-time scheduling of the calling thread, so that it runs the moment
+    its timer fires even with every core busy; returns the scheduling it has."""
+    if not hasattr(os, "sched_setscheduler"):
+        return "normal (this platform has no real-time scheduling)"
+    try:
+        priority = os.sched_param(os.sched_get_priority_min(os.SCHED_FIFO))
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_FIFO, priority)
+    except OSError as exc:
+        return f"normal (real-time refused: {exc.strerror}; it needs root or CAP_SYS_NICE)"
+    return "real-time"
 
 
 class Sampler:
     """Reads every source once per period, at absolute deadlines so it never drifts.
 
-    The reads are blocking and run together in one worker thread; the loop only sleeps and
-    appends. When a tick is missed entirely it is skipped (and counted), not bunched up.
+    :meth:`run` is a task on the run's loop, but the ticks are kept by a thread of its own:
+    a loop streaming hundreds of responses runs callbacks in batches of several ms, and a
+    timer on it fires that late. The thread sleeps to each deadline, reads every source
+    (blocking reads, off the loop) and appends the row. When a tick is missed entirely it is
+    skipped (and counted), not bunched up. With ``realtime`` the thread asks the OS for
+    real-time scheduling: on a machine whose cores are all busy (the server beside the
+    harness) an ordinary thread can wait milliseconds to be run.
     """
 
-    def __init__(self, sources: list[OpenSource], period_s: float, t0_ns: int) -> None:
+    def __init__(self, sources: list[OpenSource], period_s: float, t0_ns: int, realtime: bool = True) -> None:
         self.period_ns = int(period_s * 1e9)
         self.t0_ns = t0_ns
+        self.realtime = realtime
+        self.scheduling = "normal"
         self.log = TelemetryLog(sources)
         self.skipped = 0
         self._sources = sources
@@ -100,20 +131,46 @@ class Sampler:
 
     async def sample_once(self) -> None:
         t = now_ns()
-        self.log.append(self._row(t, t, await anyio.to_thread.run_sync(self._read_all)))
+        self.log.append(self._row(t, t, await asyncio.to_thread(self._read_all)))
 
     async def run(self) -> None:
         """Sample until cancelled; the caller takes a final sample after the last request."""
         if not self._sources:
             return
+        loop = asyncio.get_running_loop()
+        failed: asyncio.Future[None] = loop.create_future()
+        stop = threading.Event()
+
+        def fail(exc: BaseException) -> None:
+            if not failed.done():
+                failed.set_exception(exc)
+
+        def ticks() -> None:
+            try:
+                self._ticks(stop)
+            except BaseException as exc:  # surfaces in the task, as an on-loop read would
+                loop.call_soon_threadsafe(fail, exc)
+
+        ticker = threading.Thread(target=ticks, name="ipw-async-sampler", daemon=True)
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(min(previous, SWITCH_INTERVAL_S))
+        ticker.start()
+        try:
+            await failed
+        finally:
+            stop.set()
+            await asyncio.to_thread(ticker.join)
+            sys.setswitchinterval(previous)
+
+    def _ticks(self, stop: threading.Event) -> None:
+        self.scheduling = _ask_realtime() if self.realtime else "normal (real-time not asked for)"
         deadline = now_ns()
-        while True:
+        while not stop.is_set():
             delay = deadline - now_ns()
-            if delay > 0:
-                await asyncio.sleep(delay / 1e9)
+            if delay > 0 and stop.wait(delay / 1e9):
+                return
             woke = now_ns()
-            reads = await anyio.to_thread.run_sync(self._read_all)
-            self.log.append(self._row(deadline, woke, reads))
+            self.log.append(self._row(deadline, woke, self._read_all()))
             deadline += self.period_ns
             behind = now_ns() - deadline
             if behind > 0:
@@ -133,4 +190,5 @@ class Sampler:
             skipped_ticks=self.skipped,
             lateness_ms=ms("lateness_ns"),
             read_latency_ms={s.source.name: ms(f"{s.source.name}.read_ns") for s in self._sources},
+            scheduling=self.scheduling,
         )
