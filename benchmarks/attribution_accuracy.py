@@ -12,7 +12,8 @@ the energy the simulated device knows each request used:
 
 Printed per case and method: conservation error, per-query relative error p50/p95/max for
 requests of 2 s or more, signed bias, the p95 in steady state (without the first wave, which
-arrives all at once and queues for prefill, and the drain), and the sampler's lateness p99.
+arrives all at once and queues for prefill, and the drain), the sampler's lateness p99, and
+how the counter's reads were timed (its learned update grid, or the midpoint between reads).
 
     python benchmarks/attribution_accuracy.py [--quick] [--json out.json]
 """
@@ -29,14 +30,13 @@ from typing import Any
 
 import httpx
 import numpy as np
-import polars as pl
 
 from ipw_async import RunConfig, run_benchmark
+from ipw_async.analysis.rundir import load_run
 from ipw_async.energy import AttributionConfig, attribute
 from ipw_async.io import read_arrow
 from ipw_async.records import RECORD_SCHEMA
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
-from ipw_async.telemetry.base import Meter, Quantity
 
 
 @dataclass(frozen=True)
@@ -65,15 +65,6 @@ def cases(quick: bool) -> list[Case]:
     return out
 
 
-def meter_for(telemetry: pl.DataFrame) -> Meter:
-    energy = f"sim.{Quantity.ENERGY_J}"
-    if energy in telemetry.columns and telemetry.get_column(energy).drop_nulls().len() > 1:
-        return Meter("sim", "counter", accelerator=True, source="sim")
-    if f"sim.{Quantity.POWER_W}" in telemetry.columns:
-        return Meter("sim", "power", accelerator=True, source="sim")
-    return Meter("sim", "power", accelerator=True, source="sim", power_quantity=Quantity.AVG_POWER_W)
-
-
 def errors(estimate: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     rel = (estimate - truth) / truth
     return {
@@ -85,7 +76,7 @@ def errors(estimate: np.ndarray, truth: np.ndarray) -> dict[str, float]:
 
 
 async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
-    n = 12 if case.concurrency == 1 else max(48, 4 * case.concurrency)  # waves: first, steady, drain
+    n = 12 if case.concurrency == 1 else max(96, 4 * case.concurrency)  # waves: first, steady, drain
     sim_config = SimConfig(
         engine=EngineConfig(
             counter_period_ms=case.counter_ms, telemetry=case.telemetry, dropout_every_s=case.dropout_every_s
@@ -108,7 +99,7 @@ async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
         truth = httpx.get(f"{sim.root_url}/sim/truth", timeout=10).json()
     raw = read_arrow(run_dir / "records.arrow").select(list(RECORD_SCHEMA))
     telemetry = read_arrow(run_dir / "telemetry.arrow")
-    meter = meter_for(telemetry)
+    (meter,) = load_run(run_dir).meters()  # as the run saw it, with the counter's update grids
     window = result.summary["energy"].get("baseline_window_ns")
     true = np.array([truth["requests"][str(i)] for i in raw.get_column("request_id").to_list()])
     long = (raw.get_column("e2e_latency_s").fill_null(0) >= 2.0).to_numpy()
@@ -164,6 +155,7 @@ async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
         if total
         else None,
         "sampler_lateness_p99_ms": result.summary["telemetry"]["sampler"]["lateness_ms"]["p99"],
+        "counter_timing": result.summary["energy"]["meters"]["sim"].get("counter_timing", "—"),
         "methods": rows,
     }
 
@@ -189,14 +181,14 @@ def main() -> None:
         "steady p95: the same without the first wave (sent all at once, it queues for prefill) and the drain"
     )
     header = f"{'case':<34} {'method':<16} {'conserv.':>9} {'p50':>7} {'p95':>7} {'max':>7} {'bias':>8}"
-    print(f"{header} {'steady p95':>10}  sampler p99")
+    print(f"{header} {'steady p95':>10}  sampler p99  counter reads timed by")
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases(args.quick):
             r = asyncio.run(run_case(case, Path(tmp)))
             results.append(r)
             for i, (name, m) in enumerate(r["methods"].items()):
                 label = f"{r['case']} ({r['long_requests']}/{r['requests']} long)" if i == 0 else ""
-                tail = f"  {r['sampler_lateness_p99_ms']:.2f} ms" if i == 0 else ""
+                tail = f"  {r['sampler_lateness_p99_ms']:.2f} ms  {r['counter_timing']}" if i == 0 else ""
                 steady = "—" if m["steady"] is None else f"{m['steady']['p95']:.1%}"
                 line = f"{label:<34} {name:<16} {m['conservation']:>9.1e} {fmt(m['long'] or m['all'])}"
                 print(f"{line} {steady:>10}{tail}")

@@ -174,6 +174,13 @@ def run(
             "CAP_SYS_NICE; refused quietly otherwise, and the summary says which it got)."
         ),
     ] = True,
+    counter_probe_s: Annotated[
+        float,
+        typer.Option(
+            help="Seconds of 2 ms reads, at the start and every 20 s, to learn when each energy "
+            "counter updates so its reads are timed exactly (0: time them to the midpoint between reads)."
+        ),
+    ] = 1.0,
     baseline_s: Annotated[
         float, typer.Option(help="Seconds of idle power to measure before the run (0: none).")
     ] = 1.0,
@@ -237,6 +244,7 @@ def config_from_options(p: dict[str, Any]) -> RunConfig:
         gpus=[g.strip() for g in p["gpus"].split(",")] if p["gpus"] else None,
         sample_ms=p["sample_ms"],
         realtime_sampler=p["realtime_sampler"],
+        counter_probe_s=p["counter_probe_s"],
         baseline_s=p["baseline_s"],
         baseline_w=p["baseline_w"],
         attribution=p["attribution"],

@@ -25,6 +25,7 @@ import numpy as np
 import polars as pl
 
 from .telemetry.base import Meter
+from .telemetry.cadence import CounterGrid, last_updates
 
 NS = 1e9
 RULES = ("tokens", "equal", "window")
@@ -72,16 +73,23 @@ def _gap_mask(t: np.ndarray, factor: float) -> np.ndarray:
     return dt > factor * max(typical, 1.0)
 
 
-def counter_knots(t: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def counter_knots(
+    t: np.ndarray, e: np.ndarray, grids: tuple[CounterGrid, ...] = ()
+) -> tuple[np.ndarray, np.ndarray]:
     """Knots from a cumulative counter that updates more slowly than it is read.
 
-    A value first seen at t_i was produced somewhere after t_{i-1}; the midpoint is its best
-    time. Repeated reads of a stale value carry no information and are dropped.
+    A value first seen at t_i was produced somewhere after t_{i-1}: at the last update of
+    the counter's learned ``grids`` when there are any, else at the midpoint, its best
+    guess. Repeated reads of a stale value carry no information and are dropped.
     """
     if t.size < 2:
         return t.astype(float), e.astype(float)
     changed = np.flatnonzero(np.diff(e) > 0) + 1
-    kt = np.concatenate(([t[0]], (t[changed - 1] + t[changed]) / 2.0))
+    at = (t[changed - 1] + t[changed]) / 2.0
+    if grids:
+        update = last_updates(grids, t[changed].astype(float))
+        at = np.where(update > t[changed - 1], update, at)  # a read the grid cannot explain: midpoint
+    kt = np.concatenate(([t[0]], at))
     ke = np.concatenate(([e[0]], e[changed]))
     if t[-1] > kt[-1] and changed.size == 0:
         kt, ke = np.append(kt, t[-1]), np.append(ke, e[-1])
@@ -109,7 +117,7 @@ def virtual_counter(telemetry: pl.DataFrame, meter: Meter, gap_factor: float) ->
         series = _series(telemetry, f"{meter.source}.t_ns", meter.energy_column)
         if series is None:
             return None
-        kt, ke = counter_knots(series[0], np.maximum.accumulate(series[1]))
+        kt, ke = counter_knots(series[0], np.maximum.accumulate(series[1]), meter.grids)
     elif meter.power_column in telemetry.columns:
         series = _series(telemetry, f"{meter.source}.t_ns", meter.power_column)
         if series is None:
@@ -322,8 +330,23 @@ def attribute_meter(
             "window_overcount": float(window.sum()) / (total - idle) if total - idle > 0 else None,
             "baseline_w": baseline,
             "span_s": float((vc.t[-1] - vc.t[0]) / NS),
+            **_counter_timing(meter),
         },
     )
+
+
+def _counter_timing(meter: Meter) -> dict[str, Any]:
+    """How a counter's reads were timed, and the grids to time them the same way again."""
+    if meter.kind != "counter":
+        return {}
+    periods = sorted({round(g.period_ns / 1e6, 1) for g in meter.grids})
+    if not periods:
+        timing = "midpoint between reads (no update grid learned)"
+    elif periods == [0.0]:
+        timing = "as read (it updates about as often as it is read)"
+    else:
+        timing = f"last update on its learned grid ({', '.join(f'{p:g}' for p in periods)} ms)"
+    return {"counter_timing": timing, "counter_grids": [g.as_dict() for g in meter.grids]}
 
 
 def _baseline_w(vc: VirtualCounter, meter: Meter, config: AttributionConfig) -> float | None:

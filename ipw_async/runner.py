@@ -81,6 +81,7 @@ class RunConfig:
     gpus: list[str] | None = None
     sample_ms: float = 50.0
     realtime_sampler: bool = True
+    counter_probe_s: float = 1.0
     baseline_s: float = 1.0
     baseline_w: float | None = None
     attribution: str = "tokens"
@@ -304,6 +305,8 @@ def _validate(config: RunConfig) -> tuple[LoadSpec, Dataset]:
         raise RunError(f"unknown scorer {config.scorer!r}; choose one of {', '.join(SCORERS)}")
     if not config.sample_ms > 0:
         raise RunError("--sample-ms must be positive")
+    if config.counter_probe_s < 0:
+        raise RunError("--counter-probe-s cannot be negative")
     try:
         AttributionConfig(rule=config.attribution)
     except ValueError as exc:
@@ -454,7 +457,13 @@ async def _execute(
     )
     run = _Run(config, dataset, client, model)
     writer = io.RecordWriter(run_dir / io.RECORDS)
-    sampler = Sampler(telemetry.opened, config.sample_ms / 1000, t0, realtime=config.realtime_sampler)
+    sampler = Sampler(
+        telemetry.opened,
+        config.sample_ms / 1000,
+        t0,
+        realtime=config.realtime_sampler,
+        probe_s=config.counter_probe_s,
+    )
     lag = LoopLag()
     cpu = HarnessCpu()
     rng = np.random.default_rng(config.seed)
@@ -578,7 +587,7 @@ async def _finish(
     }
     if telemetry.opened:
         io.write_frame(tel, run_dir / io.TELEMETRY)
-        meters = sampler.log.meters
+        meters = sampler.meters
         if meters:
             cfg = AttributionConfig(
                 rule=config.attribution,

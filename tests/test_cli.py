@@ -41,6 +41,8 @@ def test_run_help_explains_every_option() -> None:
         "--overwrite",
         "--telemetry",
         "--sample-ms",
+        "--realtime-sampler",
+        "--counter-probe-s",
         "--baseline-s",
         "--attribution",
         "--api-key",
@@ -63,6 +65,7 @@ def test_sim_help() -> None:
         ),
         (["run", "--param", "no-equals"], "is not key=value"),
         (["run", "--dataset", "missing.csv"], "neither 'qa', 'synthetic' nor an existing file"),
+        (["run", "--counter-probe-s", "-1"], "--counter-probe-s cannot be negative"),
     ],
 )
 def test_errors_are_one_line_with_exit_code_2(args: list[str], message: str, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipw_async import run_benchmark
+from ipw_async.analysis.rundir import load_run
 from ipw_async.energy import AttributionConfig, attribute, counter_knots, step_starts
 from ipw_async.records import RequestRecord, records_frame
 from ipw_async.telemetry.base import Meter
@@ -230,6 +231,12 @@ async def test_simulated_run_adds_up_and_tracks_the_truth(tmp_path: Path) -> Non
     true = np.array([truth["requests"][str(i)] for i in frame.get_column("request_id").to_list()])
     err = np.abs(frame.get_column("energy_j").to_numpy() - true) / true
     assert np.median(err) < 0.15
+    # the counter's reads were timed by the update grid the sampler learned, and a later
+    # analysis reads that grid back to attribute the same way
+    sim_meter = energy["meters"]["sim"]
+    assert sim_meter["counter_timing"].startswith("last update on its learned grid")
+    (meter,) = load_run(tmp_path / "run").meters()
+    assert meter.grids and meter.grids[0].period_ns == pytest.approx(100e6, rel=0.01)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (
         summary["energy"]["meters"]["sim"]["window_overcount"] > 2

@@ -12,6 +12,7 @@ import polars as pl
 from .. import io
 from ..stats import measured
 from ..telemetry.base import Meter, Quantity
+from ..telemetry.cadence import CounterGrid
 
 HEADLINE = "headline"  # the name analyses give the run's headline energy (``energy_j``)
 
@@ -82,7 +83,8 @@ class RunDir:
             power_quantity = (
                 Quantity.POWER_W if f"{channel}.{Quantity.POWER_W}" in columns else Quantity.AVG_POWER_W
             )
-            meters.append(Meter(channel, kind, channel in headline, power_quantity, source))
+            grids = tuple(CounterGrid.from_dict(g) for g in known.get(channel, {}).get("counter_grids") or ())
+            meters.append(Meter(channel, kind, channel in headline, power_quantity, source, grids))
         return sorted(meters, key=lambda m: (not m.accelerator, m.channel))
 
 

@@ -266,4 +266,5 @@ class Engine:
             "requests": {k: r.energy_j for k, r in self.finished.items()},
             "idle_j": self.idle_energy_j,
             "total_j": self._settled_j,
+            "counter_t0_ns": self.device.t0,  # the counter updates at t0 + k × period
         }

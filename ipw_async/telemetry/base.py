@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from .._clock import now_ns
+from .cadence import CounterGrid
 
 
 class SourceUnavailable(Exception):
@@ -41,6 +42,8 @@ class Meter:
     # the column a power-only meter integrates (the simulator may expose only averaged power)
     power_quantity: str = Quantity.POWER_W
     source: str = ""  # the source's name, set by the sampler: its time column is <source>.t_ns
+    # when a counter's value changes, as the sampler's probes learned it (none: not learned)
+    grids: tuple[CounterGrid, ...] = ()
 
     @property
     def energy_column(self) -> str:

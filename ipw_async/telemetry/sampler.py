@@ -8,11 +8,13 @@ import sys
 import threading
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import polars as pl
 
 from .._clock import now_ns
 from ..stats import distribution
 from .base import Meter, Reading, SourceInfo, TelemetrySource, timed_read
+from .cadence import PROBE_EVERY_NS, PROBE_INTERVAL_NS, CounterGrid, learn_grid
 
 
 @dataclass
@@ -99,19 +101,35 @@ class Sampler:
     a loop streaming hundreds of responses runs callbacks in batches of several ms, and a
     timer on it fires that late. The thread sleeps to each deadline, reads every source
     (blocking reads, off the loop) and appends the row. When a tick is missed entirely it is
-    skipped (and counted), not bunched up. With ``realtime`` the thread asks the OS for
+    skipped (and counted), not bunched up. For ``probe_s`` at the start, and again every
+    20 s, it also reads every 2 ms, to learn when each energy counter updates (see
+    :mod:`.cadence`). With ``realtime`` the thread asks the OS for
     real-time scheduling: on a machine whose cores are all busy (the server beside the
     harness) an ordinary thread can wait milliseconds to be run.
     """
 
-    def __init__(self, sources: list[OpenSource], period_s: float, t0_ns: int, realtime: bool = True) -> None:
+    def __init__(
+        self,
+        sources: list[OpenSource],
+        period_s: float,
+        t0_ns: int,
+        realtime: bool = True,
+        probe_s: float = 1.0,
+    ) -> None:
         self.period_ns = int(period_s * 1e9)
         self.t0_ns = t0_ns
         self.realtime = realtime
+        self.probe_ns = int(probe_s * 1e9)
         self.scheduling = "normal"
         self.log = TelemetryLog(sources)
         self.skipped = 0
+        self.grids: dict[str, list[CounterGrid]] = {}  # per counter meter, one per probe that found it
         self._sources = sources
+
+    @property
+    def meters(self) -> list[Meter]:
+        """The log's meters, each counter with the update grids the probes learned."""
+        return [replace(m, grids=tuple(self.grids.get(m.channel, ()))) for m in self.log.meters]
 
     def _read_all(self) -> list[tuple[Reading, int, int]]:
         return [timed_read(s.source.read) for s in self._sources]
@@ -164,19 +182,51 @@ class Sampler:
 
     def _ticks(self, stop: threading.Event) -> None:
         self.scheduling = _ask_realtime() if self.realtime else "normal (real-time not asked for)"
-        deadline = now_ns()
+        start = deadline = probe_next = now_ns()
+        probing = self.probe_ns > 0 and any(m.kind == "counter" for m in self.log.meters)
+        probe: list[list[tuple[Reading, int, int]]] = []
         while not stop.is_set():
-            delay = deadline - now_ns()
+            wake = min(deadline, probe_next) if probing else deadline
+            delay = wake - now_ns()
             if delay > 0 and stop.wait(delay / 1e9):
-                return
+                break
             woke = now_ns()
-            self.log.append(self._row(deadline, woke, self._read_all()))
-            deadline += self.period_ns
-            behind = now_ns() - deadline
-            if behind > 0:
-                missed = behind // self.period_ns + 1
-                self.skipped += int(missed)
-                deadline += int(missed) * self.period_ns
+            reads = self._read_all()
+            if probing and woke >= probe_next:
+                probe.append(reads)
+                if (woke - start) % PROBE_EVERY_NS < self.probe_ns:
+                    # the next point of the 2 ms grid, on which the deadlines fall too
+                    probe_next += -(-(now_ns() - probe_next + 1) // PROBE_INTERVAL_NS) * PROBE_INTERVAL_NS
+                else:
+                    self._learn_grids(probe)
+                    probe = []
+                    probe_next = start + ((woke - start) // PROBE_EVERY_NS + 1) * PROBE_EVERY_NS
+            if woke >= deadline:
+                self.log.append(self._row(deadline, woke, reads))
+                deadline += self.period_ns
+                behind = now_ns() - deadline
+                if behind > 0:
+                    missed = behind // self.period_ns + 1
+                    self.skipped += int(missed)
+                    deadline += int(missed) * self.period_ns
+        if probe:
+            self._learn_grids(probe)
+
+    def _learn_grids(self, probe: list[list[tuple[Reading, int, int]]]) -> None:
+        for i, s in enumerate(self._sources):
+            for meter in s.info.meters:
+                if meter.kind != "counter":
+                    continue
+                points = [
+                    (reading.t_ns if reading.t_ns is not None else start + latency // 2, value)
+                    for reading, start, latency in (reads[i] for reads in probe)
+                    if (value := reading.values.get(meter.energy_column)) is not None
+                ]
+                t = np.array([p[0] for p in points], dtype=float) - self.t0_ns
+                e = np.array([p[1] for p in points], dtype=float)
+                grid = learn_grid(t, e)
+                if grid is not None:
+                    self.grids.setdefault(meter.channel, []).append(grid)
 
     def quality(self) -> SamplerQuality:
         cols = self.log.columns

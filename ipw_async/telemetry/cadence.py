@@ -1,0 +1,117 @@
+"""When an energy counter really changes, learned by reading it fast for a moment.
+
+A GPU's energy counter updates on its own clock (often every 100 ms) however often it is
+read, so a value read at 50 ms intervals may be up to a whole update period old. Timed to the
+midpoint between reads, it is off by up to half a read interval, the same offset all run long
+(both clocks are periodic), and that offset moves energy across request boundaries. Read
+every 2 ms for a second, the counter shows its update grid: each read's value can then be
+timed to the update that produced it. The device's clock drifts from the host's, and a grid
+learned from ten updates is good to some µs per period, so the probe is repeated through the
+run and each read is timed by the latest grid learned before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+
+# Reads in a probe, how often a probe is repeated, and the least updates it must see to
+# trust a grid.
+PROBE_INTERVAL_NS = 2_000_000
+PROBE_EVERY_NS = 20_000_000_000
+MIN_UPDATES = 4
+
+
+@dataclass(frozen=True)
+class CounterGrid:
+    """A counter's updates: at ``phase_ns + k × period_ns`` on the run clock, as learned by a
+    probe that started at ``learned_at_ns``.
+
+    ``period_ns == 0`` means the counter updates about as fast as it can be read: a value is
+    as old as the read, no older.
+    """
+
+    period_ns: float
+    phase_ns: float = 0.0
+    learned_at_ns: float = 0.0
+
+    def last_update(self, t: np.ndarray) -> np.ndarray:
+        """The update each read at ``t`` saw."""
+        if self.period_ns <= 0:
+            return t
+        return self.phase_ns + np.floor((t - self.phase_ns) / self.period_ns) * self.period_ns
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "period_ms": self.period_ns / 1e6,
+            "phase_ns": self.phase_ns,
+            "learned_at_ns": self.learned_at_ns,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CounterGrid:
+        return cls(float(data["period_ms"]) * 1e6, float(data["phase_ns"]), float(data["learned_at_ns"]))
+
+
+def chained(grids: tuple[CounterGrid, ...]) -> tuple[CounterGrid, ...]:
+    """Each grid with its period refined by the next probe's phase.
+
+    One probe times an update to a fraction of a ms but its period only to some µs; two
+    probes 20 s apart are a known number of periods apart, so the span between their phases
+    gives the period to a fraction of a µs. The last grid keeps the period before it.
+    """
+    out = list(grids)
+    for i, (a, b) in enumerate(pairwise(grids)):
+        if a.period_ns <= 0 or b.period_ns <= 0:
+            continue
+        periods = (b.phase_ns - a.phase_ns) / a.period_ns
+        k = round(periods)
+        if k > 0 and abs(periods - k) < 0.25 and abs(b.period_ns / a.period_ns - 1) < 1e-3:
+            out[i] = replace(a, period_ns=(b.phase_ns - a.phase_ns) / k)
+            out[i + 1] = replace(b, period_ns=out[i].period_ns)
+    return tuple(out)
+
+
+def last_updates(grids: tuple[CounterGrid, ...], t: np.ndarray) -> np.ndarray:
+    """The update each read at ``t`` saw, by the latest grid learned before it (the first
+    grid for reads before any), periods refined by :func:`chained`."""
+    grids = chained(grids)
+    which = np.clip(np.searchsorted([g.learned_at_ns for g in grids], t, side="right") - 1, 0, None)
+    out = np.empty_like(t)
+    for i, grid in enumerate(grids):
+        mask = which == i
+        out[mask] = grid.last_update(t[mask])
+    return out
+
+
+def learn_grid(t: np.ndarray, e: np.ndarray) -> CounterGrid | None:
+    """The update grid of a counter read at short intervals, or None if it shows none.
+
+    None when it changed fewer than ``MIN_UPDATES`` times (slower than the probe is long), or
+    when its changes are not periodic: those reads are then timed to the midpoint as before.
+    """
+    if t.size < 3:
+        return None
+    changed = np.flatnonzero(np.diff(e) > 0) + 1
+    resolution = float(np.median(np.diff(t)))
+    if changed.size >= 0.5 * (t.size - 1):
+        return CounterGrid(0.0, 0.0, float(t[0]))  # changed between most reads: never staler than one
+    if changed.size < MIN_UPDATES:
+        return None
+    updates = (t[changed - 1] + t[changed]) / 2.0  # each to within half a probe read
+    period = float(np.median(np.diff(updates)))
+    if period < 4 * resolution:
+        return CounterGrid(0.0, 0.0, float(t[0]))
+    # a read delayed by a busy machine brackets its update loosely: leave it out of the fit
+    sharp = t[changed] - t[changed - 1] < period / 4
+    updates = updates[sharp]
+    if updates.size < MIN_UPDATES:
+        return None
+    k = (updates - updates[0]) / period
+    if np.max(np.abs(k - np.round(k))) > 0.25:
+        return None
+    slope, intercept = np.polyfit(np.round(k), updates, 1)
+    return CounterGrid(float(slope), float(intercept), float(t[0]))

@@ -1,0 +1,124 @@
+"""Learning when an energy counter updates, and timing its reads by it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from ipw_async._clock import now_ns
+from ipw_async.energy import counter_knots
+from ipw_async.telemetry import OpenSource, Sampler
+from ipw_async.telemetry.base import Meter, Reading, SourceInfo, TelemetrySource
+from ipw_async.telemetry.cadence import CounterGrid, chained, last_updates, learn_grid
+
+MS = 1_000_000
+
+
+def stepped_counter(t: np.ndarray, period_ms: float, phase_ms: float, watts: float = 100.0) -> np.ndarray:
+    """What a counter updating every period_ms (first at phase_ms) reads at t (ns)."""
+    updated = phase_ms * MS + np.floor((t - phase_ms * MS) / (period_ms * MS)) * period_ms * MS
+    return watts * updated / 1e9
+
+
+def off_grid(t: float, phase: float, period: float) -> float:
+    """How far t is from the nearest point of a grid, either way."""
+    return abs((t - phase + period / 2) % period - period / 2)
+
+
+def test_a_probe_recovers_the_update_grid() -> None:
+    rng = np.random.default_rng(1)
+    t = np.cumsum(rng.uniform(1.8, 2.4, 500)) * MS  # ~1 s of reads 2 ms apart, jittered
+    grid = learn_grid(t, stepped_counter(t, 100.0, 37.0))
+    assert grid is not None
+    assert grid.period_ns == pytest.approx(100 * MS, rel=1e-3)
+    assert off_grid(grid.phase_ns, 37 * MS, 100 * MS) < 0.6 * MS
+    assert grid.learned_at_ns == t[0]
+
+
+def test_a_counter_as_fast_as_its_reads_is_read_as_current() -> None:
+    t = np.arange(0, 1000, 2.0) * MS
+    grid = learn_grid(t, stepped_counter(t, 1.0, 0.3))
+    assert grid is not None and grid.period_ns == 0
+    assert (grid.last_update(t) == t).all()
+
+
+def test_no_grid_from_too_few_or_irregular_updates() -> None:
+    t = np.arange(0, 1000, 2.0) * MS
+    assert learn_grid(t, stepped_counter(t, 400.0, 10.0)) is None  # two updates in the probe
+    irregular = np.searchsorted([90, 160, 400, 430, 700, 980], t / MS).astype(float)
+    assert learn_grid(t, irregular) is None
+
+
+def test_stale_reads_are_timed_to_the_update_that_produced_them() -> None:
+    t = np.arange(0, 2001, 50.0) * MS  # read every 50 ms; the counter updates every 100 ms at 45 ms
+    watts = np.where(t < 1000 * MS, 100.0, 300.0)  # a step in power, so timing matters
+    true_j = np.concatenate(([0.0], np.cumsum(watts[:-1] * 0.05)))  # energy at each read time
+
+    def energy_at(x: np.ndarray) -> np.ndarray:
+        return np.interp(x, t, true_j)
+
+    e = energy_at(45 * MS + np.floor((t - 45 * MS) / (100 * MS)) * 100 * MS)
+    kt, ke = counter_knots(t, e, (CounterGrid(100 * MS, 45 * MS),))
+    # every knot is an update time, holding the energy the device had then
+    assert all(off_grid(k, 45 * MS, 100 * MS) == 0 for k in kt[1:])
+    assert ke[1:] == pytest.approx(energy_at(kt[1:]), rel=1e-12)
+    mid_t, _ = counter_knots(t, e)
+    assert np.abs(mid_t[1:] - kt[1:]).min() == 20 * MS  # the midpoint guess is 20 ms early
+
+
+def test_each_read_is_timed_by_the_latest_grid_learned_before_it() -> None:
+    first = CounterGrid(100 * MS, 0.0, learned_at_ns=0.0)
+    later = CounterGrid(100 * MS, 10 * MS, learned_at_ns=20_000 * MS)  # the device clock drifted
+    t = np.array([150.0, 19_990.0, 20_050.0]) * MS
+    assert (last_updates((first, later), t) / MS).tolist() == [100.0, 19_900.0, 20_010.0]
+
+
+def test_probes_20_s_apart_pin_the_period() -> None:
+    true_period = 100.0037 * MS
+    # each probe times its updates well but its period only to ±40 µs
+    first = CounterGrid(100.04 * MS, 12 * MS, learned_at_ns=0.0)
+    second = CounterGrid(99.97 * MS, 12 * MS + 200 * true_period, learned_at_ns=20_000 * MS)
+    a, b = chained((first, second))
+    assert a.period_ns == pytest.approx(true_period, abs=1.0)
+    assert b.period_ns == a.period_ns and b.phase_ns == second.phase_ns
+    # read 19.9 s in, the first grid alone would be off by 8 ms; chained it is exact
+    t = np.array([12 * MS + 199 * true_period + 50 * MS])
+    assert last_updates((first, second), t)[0] == pytest.approx(12 * MS + 199 * true_period, abs=10.0)
+
+
+class GridCounter(TelemetrySource):
+    """A counter that updates every 30 ms on its own clock, like a GPU's."""
+
+    name = "dev"
+
+    def __init__(self) -> None:
+        self.origin = now_ns() - 7 * MS
+
+    def open(self) -> SourceInfo:
+        return SourceInfo(columns=["dev.energy_j"], meters=[Meter("dev", "counter", accelerator=True)])
+
+    def read(self) -> Reading:
+        t = now_ns()
+        return Reading({"dev.energy_j": float(stepped_counter(np.array([t - self.origin]), 30.0, 0.0)[0])}, t)
+
+
+async def test_the_sampler_probes_its_counters_and_hands_the_grid_to_attribution() -> None:
+    source = GridCounter()
+    t0 = now_ns()
+    sampler = Sampler([OpenSource(source, source.open())], period_s=0.05, t0_ns=t0, probe_s=0.4)
+    task = asyncio.create_task(sampler.run())
+    await asyncio.sleep(0.6)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    (meter,) = sampler.meters
+    (grid,) = meter.grids
+    assert grid.period_ns == pytest.approx(30 * MS, rel=0.01)
+    phase = source.origin - t0  # the run clock's time of one update
+    assert (grid.phase_ns - phase) % (30 * MS) in (
+        pytest.approx(0, abs=1.5 * MS),
+        pytest.approx(30 * MS, abs=1.5 * MS),
+    )
+    # the probe's fast reads stay out of the log: it holds the 50 ms ticks only
+    assert len(sampler.log) <= 14
