@@ -151,6 +151,9 @@ def test_nvml_reads_every_quantity_in_si_units() -> None:
     }
     fake.gpus[0].energy_mj = 7_500
     assert source.read().values["gpu0.energy_j"] == 7.5
+    # the sampler's 2 ms probe asks for the counter alone
+    fake.gpus[0].energy_mj = 8_000
+    assert source.read_counters().values == {"gpu0.energy_j": 8.0}
     source.close()
     assert fake.initialised == 0
 

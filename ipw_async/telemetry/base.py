@@ -89,6 +89,11 @@ class TelemetrySource(abc.ABC):
     @abc.abstractmethod
     def read(self) -> Reading: ...
 
+    def read_counters(self) -> Reading:
+        """The energy counters alone, for the sampler's 2 ms probe; sources whose full read
+        is costly (NVML's utilisation, memory, temperature) read less here."""
+        return self.read()
+
     def close(self) -> None:  # noqa: B027 - most sources hold nothing to release
         pass
 

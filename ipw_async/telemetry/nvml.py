@@ -71,13 +71,8 @@ class NvmlSource(TelemetrySource):
     def read(self) -> Reading:
         nvml = self._nvml
         error = self._error
-        values: dict[str, float | None] = {}
+        values = self._query(lambda _: True)
         for gpu in self._selected:
-            for column, query in gpu.queries:
-                try:
-                    values[column] = query()
-                except error:
-                    values[column] = None
             if gpu.field_ids:
                 try:
                     fields = nvml.nvmlDeviceGetFieldValues(gpu.handle, gpu.field_ids)
@@ -88,6 +83,20 @@ class NvmlSource(TelemetrySource):
                     for column, fv in zip(gpu.field_columns, fields, strict=True):
                         values[column] = _field_watts(fv, nvml.NVML_SUCCESS)
         return Reading(values)
+
+    def read_counters(self) -> Reading:
+        return Reading(self._query(lambda column: column.endswith(f".{Quantity.ENERGY_J}")))
+
+    def _query(self, wanted: Callable[[str], bool]) -> dict[str, float | None]:
+        values: dict[str, float | None] = {}
+        for gpu in self._selected:
+            for column, query in gpu.queries:
+                if wanted(column):
+                    try:
+                        values[column] = query()
+                    except self._error:
+                        values[column] = None
+        return values
 
     def close(self) -> None:
         if self._initialised:

@@ -134,6 +134,12 @@ class Sampler:
     def _read_all(self) -> list[tuple[Reading, int, int]]:
         return [timed_read(s.source.read) for s in self._sources]
 
+    def _read_counters(self) -> list[tuple[Reading, int, int] | None]:
+        return [
+            timed_read(s.source.read_counters) if any(m.kind == "counter" for m in s.info.meters) else None
+            for s in self._sources
+        ]
+
     def _row(
         self, deadline: int, woke: int, reads: list[tuple[Reading, int, int]]
     ) -> dict[str, float | int | None]:
@@ -184,16 +190,16 @@ class Sampler:
         self.scheduling = _ask_realtime() if self.realtime else "normal (real-time not asked for)"
         start = deadline = probe_next = now_ns()
         probing = self.probe_ns > 0 and any(m.kind == "counter" for m in self.log.meters)
-        probe: list[list[tuple[Reading, int, int]]] = []
+        probe: list[list[tuple[Reading, int, int] | None]] = []
         while not stop.is_set():
             wake = min(deadline, probe_next) if probing else deadline
             delay = wake - now_ns()
             if delay > 0 and stop.wait(delay / 1e9):
                 break
             woke = now_ns()
-            reads = self._read_all()
+            full = self._read_all() if woke >= deadline else None
             if probing and woke >= probe_next:
-                probe.append(reads)
+                probe.append(self._read_counters() if full is None else list(full))
                 if (woke - start) % PROBE_EVERY_NS < self.probe_ns:
                     # the next point of the 2 ms grid, on which the deadlines fall too
                     probe_next += -(-(now_ns() - probe_next + 1) // PROBE_INTERVAL_NS) * PROBE_INTERVAL_NS
@@ -201,8 +207,8 @@ class Sampler:
                     self._learn_grids(probe)
                     probe = []
                     probe_next = start + ((woke - start) // PROBE_EVERY_NS + 1) * PROBE_EVERY_NS
-            if woke >= deadline:
-                self.log.append(self._row(deadline, woke, reads))
+            if full is not None:
+                self.log.append(self._row(deadline, woke, full))
                 deadline += self.period_ns
                 behind = now_ns() - deadline
                 if behind > 0:
@@ -212,14 +218,15 @@ class Sampler:
         if probe:
             self._learn_grids(probe)
 
-    def _learn_grids(self, probe: list[list[tuple[Reading, int, int]]]) -> None:
+    def _learn_grids(self, probe: list[list[tuple[Reading, int, int] | None]]) -> None:
         for i, s in enumerate(self._sources):
+            source_reads = [reads[i] for reads in probe]
             for meter in s.info.meters:
                 if meter.kind != "counter":
                     continue
                 points = [
                     (reading.t_ns if reading.t_ns is not None else start + latency // 2, value)
-                    for reading, start, latency in (reads[i] for reads in probe)
+                    for reading, start, latency in filter(None, source_reads)
                     if (value := reading.values.get(meter.energy_column)) is not None
                 ]
                 t = np.array([p[0] for p in points], dtype=float) - self.t0_ns
