@@ -9,10 +9,12 @@ Two regimes, 128-token streams at 64 and 256 concurrent streams (at least 2,000 
   the client can keep up with. Stamp delay (client arrival − server send, same monotonic
   clock) and event-loop lag here measure the harness's own stamping error.
 
-``--dashboard`` adds the live dashboard (rendered to a null terminal) to measure its cost:
-compare CPU µs/event with and without.
+``--dashboard`` adds the live dashboard (rendered to a null terminal) and ``--telemetry
+psutil`` the telemetry sampler's thread, to measure their cost: compare CPU µs/event with and
+without.
 
-    python benchmarks/client_overhead.py [--requests 2000] [--levels 64,256] [--step-ms 5] [--dashboard]
+    python benchmarks/client_overhead.py [--requests 2000] [--levels 64,256] [--step-ms 5]
+        [--dashboard] [--telemetry none|psutil]
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from ipw_async.runner import Display
 from ipw_async.sim import EngineConfig, SimConfig
 
 
-def measure(concurrency: int, requests: int, dashboard: bool, step_ms: float = 0.0) -> dict[str, Any]:
+def measure(
+    concurrency: int, requests: int, dashboard: bool, step_ms: float = 0.0, telemetry: str = "none"
+) -> dict[str, Any]:
     display: Display | None = None
     if dashboard:
         from rich.console import Console
@@ -49,7 +53,7 @@ def measure(concurrency: int, requests: int, dashboard: bool, step_ms: float = 0
             output_tokens=128,
             length_sigma=0.0,
             prompt_tokens=64,
-            telemetry="none",
+            telemetry=telemetry,
             baseline_s=0,
             tail_s=0,
             sim=SimConfig(
@@ -96,9 +100,11 @@ def main() -> None:
     parser.add_argument("--levels", default="64,256")
     parser.add_argument("--step-ms", type=float, default=5.0, help="engine step of the paced regime")
     parser.add_argument("--dashboard", action="store_true", help="run the live dashboard too")
+    parser.add_argument("--telemetry", default="none", help="telemetry sources to sample too (none, psutil)")
     args = parser.parse_args()
     print(
-        f"client overhead: 128-token streams, {args.requests} requests, dashboard {'on' if args.dashboard else 'off'}"
+        f"client overhead: 128-token streams, {args.requests} requests, "
+        f"dashboard {'on' if args.dashboard else 'off'}, telemetry {args.telemetry}"
     )
     print(
         f"{'regime':<14} {'streams':>7} {'req/s':>8} {'events/s':>10} {'CPU µs/event':>13} {'CPU/wall':>9} "
@@ -107,7 +113,7 @@ def main() -> None:
     for step_ms in (0.0, args.step_ms):
         regime = "zero-delay" if step_ms == 0 else f"paced {step_ms:g} ms"
         for level in (int(x) for x in args.levels.split(",")):
-            r = measure(level, args.requests, args.dashboard, step_ms)
+            r = measure(level, args.requests, args.dashboard, step_ms, args.telemetry)
             print(
                 f"{regime:<14} {r['concurrency']:>7} {r['requests_per_s']:>8.1f} {r['sse_events_per_s']:>10,.0f} "
                 f"{r['cpu_us_per_event']:>13.1f} {r['cpu_share_of_wall']:>9.0%} {r['stamp_delay_ms_p50']:>13.3f} "

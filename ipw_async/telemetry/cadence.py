@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-# Reads in a probe, how often a probe is repeated, and the least updates it must see to
-# trust a grid.
+# Reads in a probe, how often a probe is repeated, how many times its length it may go on
+# for a slow counter, and the least updates it must see to trust a grid.
 PROBE_INTERVAL_NS = 2_000_000
 PROBE_EVERY_NS = 20_000_000_000
+PROBE_PATIENCE = 5
 MIN_UPDATES = 4
 
 

@@ -14,7 +14,7 @@ import polars as pl
 from .._clock import now_ns
 from ..stats import distribution
 from .base import Meter, Reading, SourceInfo, TelemetrySource, timed_read
-from .cadence import PROBE_EVERY_NS, PROBE_INTERVAL_NS, CounterGrid, learn_grid
+from .cadence import PROBE_EVERY_NS, PROBE_INTERVAL_NS, PROBE_PATIENCE, CounterGrid, learn_grid
 
 
 @dataclass
@@ -103,7 +103,8 @@ class Sampler:
     (blocking reads, off the loop) and appends the row. When a tick is missed entirely it is
     skipped (and counted), not bunched up. For ``probe_s`` at the start, and again every
     20 s, it also reads every 2 ms, to learn when each energy counter updates (see
-    :mod:`.cadence`). With ``realtime`` the thread asks the OS for
+    :mod:`.cadence`); a counter too slow to show its grid in that time is probed up to five
+    times longer. With ``realtime`` the thread asks the OS for
     real-time scheduling: on a machine whose cores are all busy (the server beside the
     harness) an ordinary thread can wait milliseconds to be run.
     """
@@ -188,7 +189,8 @@ class Sampler:
 
     def _ticks(self, stop: threading.Event) -> None:
         self.scheduling = _ask_realtime() if self.realtime else "normal (real-time not asked for)"
-        start = deadline = probe_next = now_ns()
+        start = deadline = probe_start = probe_next = now_ns()
+        probe_end = start + self.probe_ns
         probing = self.probe_ns > 0 and any(m.kind == "counter" for m in self.log.meters)
         probe: list[list[tuple[Reading, int, int] | None]] = []
         while not stop.is_set():
@@ -200,13 +202,18 @@ class Sampler:
             full = self._read_all() if woke >= deadline else None
             if probing and woke >= probe_next:
                 probe.append(self._read_counters() if full is None else list(full))
-                if (woke - start) % PROBE_EVERY_NS < self.probe_ns:
+                done = woke >= probe_end and self._learn_grids(
+                    probe, final=woke - probe_start >= PROBE_PATIENCE * self.probe_ns
+                )
+                if done:
+                    probe = []
+                    probe_start = probe_next = start + ((woke - start) // PROBE_EVERY_NS + 1) * PROBE_EVERY_NS
+                    probe_end = probe_start + self.probe_ns
+                else:
+                    if woke >= probe_end:  # a counter too slow to show its grid yet: go on
+                        probe_end = woke + self.probe_ns
                     # the next point of the 2 ms grid, on which the deadlines fall too
                     probe_next += -(-(now_ns() - probe_next + 1) // PROBE_INTERVAL_NS) * PROBE_INTERVAL_NS
-                else:
-                    self._learn_grids(probe)
-                    probe = []
-                    probe_next = start + ((woke - start) // PROBE_EVERY_NS + 1) * PROBE_EVERY_NS
             if full is not None:
                 self.log.append(self._row(deadline, woke, full))
                 deadline += self.period_ns
@@ -216,9 +223,12 @@ class Sampler:
                     self.skipped += int(missed)
                     deadline += int(missed) * self.period_ns
         if probe:
-            self._learn_grids(probe)
+            self._learn_grids(probe, final=True)
 
-    def _learn_grids(self, probe: list[list[tuple[Reading, int, int] | None]]) -> None:
+    def _learn_grids(self, probe: list[list[tuple[Reading, int, int] | None]], final: bool) -> bool:
+        """Learn every counter's grid from a probe's reads; False (and nothing kept) while one
+        has shown too few updates and the probe may go on."""
+        learned: dict[str, CounterGrid | None] = {}
         for i, s in enumerate(self._sources):
             source_reads = [reads[i] for reads in probe]
             for meter in s.info.meters:
@@ -231,9 +241,13 @@ class Sampler:
                 ]
                 t = np.array([p[0] for p in points], dtype=float) - self.t0_ns
                 e = np.array([p[1] for p in points], dtype=float)
-                grid = learn_grid(t, e)
-                if grid is not None:
-                    self.grids.setdefault(meter.channel, []).append(grid)
+                learned[meter.channel] = learn_grid(t, e)
+        if not final and None in learned.values():
+            return False
+        for channel, grid in learned.items():
+            if grid is not None:
+                self.grids.setdefault(channel, []).append(grid)
+        return True
 
     def quality(self) -> SamplerQuality:
         cols = self.log.columns
