@@ -59,6 +59,15 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
         errs = [abs(e) for e in errs if e is not None]
         if errs:
             table.add_row("conservation error", f"{max(errs):.2e}")
+    sampler = summary.get("telemetry", {}).get("sampler") or {}
+    late = (sampler.get("lateness_ms") or {}).get("p99")
+    if late is not None:
+        timing = [
+            f"{name} counter: {m['counter_timing']}"
+            for name, m in energy.get("meters", {}).items()
+            if m.get("counter_timing")
+        ]
+        table.add_row("telemetry", "; ".join([f"sampler p99 {late:.1f} ms late", *timing]))
     elif energy.get("skipped") is not None:
         table.add_row("energy", "not measured (no energy source)")
     if run_dir:

@@ -17,6 +17,7 @@ from ipw_async import dashboard
 from ipw_async._clock import now_ns
 from ipw_async.dashboard import Dashboard, PanelHistory, energy_meters, percentiles, render, sparkline
 from ipw_async.records import ErrorType, RequestRecord, Status
+from ipw_async.report import summary_table
 from ipw_async.runner import RunResult
 from ipw_async.state import MeterState, RunState
 
@@ -351,3 +352,24 @@ async def test_finish_while_live_takes_the_panel_down_and_ends_run() -> None:
     assert text.index("c16") < text.index("run directory")
     await dash.run(make_state())  # after finish, a late run() shows nothing
     assert dash.live is None
+
+
+def test_summary_table_says_how_telemetry_was_taken() -> None:
+    summary = {
+        "model": "m",
+        "energy": {
+            "total_j": 100.0,
+            "attributed_j": 90.0,
+            "idle_j": 10.0,
+            "headline_meters": ["gpu0"],
+            "meters": {
+                "gpu0": {
+                    "conservation_error": 0.0,
+                    "counter_timing": "last update on its learned grid (100 ms)",
+                }
+            },
+        },
+        "telemetry": {"sampler": {"lateness_ms": {"p99": 0.84}}},
+    }
+    text = _text(summary_table(summary), width=200)
+    assert "sampler p99 0.8 ms late; gpu0 counter: last update on its learned grid (100 ms)" in text
