@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from .telemetry.base import Meter
-from .telemetry.cadence import CounterGrid, last_updates
+from .telemetry.cadence import PROBE_INTERVAL_NS, CounterGrid, last_updates
 
 NS = 1e9
 RULES = ("tokens", "equal", "window")
@@ -88,7 +88,11 @@ def counter_knots(
     at = (t[changed - 1] + t[changed]) / 2.0
     if grids:
         update = last_updates(grids, t[changed].astype(float))
-        at = np.where(update > t[changed - 1], update, at)  # a read the grid cannot explain: midpoint
+        before = t[changed - 1]
+        # an update the grid puts just before the read that still saw the old value is the
+        # grid's own error: it came just after that read; one it cannot explain: midpoint
+        near = before - update < PROBE_INTERVAL_NS
+        at = np.where(update > before, update, np.where(near, before, at))
     kt = np.concatenate(([t[0]], at))
     ke = np.concatenate(([e[0]], e[changed]))
     if t[-1] > kt[-1] and changed.size == 0:
@@ -289,14 +293,17 @@ def attribute_meter(
 
     d_eq, ia_eq, ib_eq = _density(bounds, seg_eq)
     d_rule, ia_r, ib_r = _density(bounds, seg_rule)
-    # dynamic energy by the rule, pooled per knot interval (see the module docstring); where
-    # the rule sees no work but requests are active, equally
+    # dynamic energy by the rule (token work pooled per knot interval: see the module
+    # docstring); where the rule sees no work but requests are active, equally
     working = d_rule > 0
-    knots = vc.t.size - 1
-    work_per_knot = np.bincount(knot_of, weights=d_rule * dt, minlength=knots)
-    energy_per_knot = np.bincount(knot_of, weights=np.where(working, dynamic, 0.0), minlength=knots)
-    by_rule = np.where(working, _safe_div(energy_per_knot, work_per_knot)[knot_of] * dt, 0.0)
-    to_equal = static + np.where(d_rule > 0, 0.0, dynamic)
+    if config.rule == "tokens":
+        knots = vc.t.size - 1
+        work_per_knot = np.bincount(knot_of, weights=d_rule * dt, minlength=knots)
+        energy_per_knot = np.bincount(knot_of, weights=np.where(working, dynamic, 0.0), minlength=knots)
+        by_rule = np.where(working, _safe_div(energy_per_knot, work_per_knot)[knot_of] * dt, 0.0)
+    else:
+        by_rule = _safe_div(dynamic, d_rule)
+    to_equal = static + np.where(working, 0.0, dynamic)
     by_equal = _safe_div(to_equal, d_eq)
     energy = _share(seg_rule, ia_r, ib_r, by_rule, n) + _share(seg_eq, ia_eq, ib_eq, by_equal, n)
     imputed_part = _share(seg_rule, ia_r, ib_r, by_rule * imputed_iv, n) + _share(

@@ -59,6 +59,8 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
         errs = [abs(e) for e in errs if e is not None]
         if errs:
             table.add_row("conservation error", f"{max(errs):.2e}")
+    elif energy.get("skipped") is not None:
+        table.add_row("energy", "not measured (no energy source)")
     sampler = summary.get("telemetry", {}).get("sampler") or {}
     late = (sampler.get("lateness_ms") or {}).get("p99")
     if late is not None:
@@ -68,8 +70,6 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
             if m.get("counter_timing")
         ]
         table.add_row("telemetry", "; ".join([f"sampler p99 {late:.1f} ms late", *timing]))
-    elif energy.get("skipped") is not None:
-        table.add_row("energy", "not measured (no energy source)")
     if run_dir:
         table.add_row("run directory", run_dir)
     return table

@@ -37,6 +37,19 @@ def test_a_probe_recovers_the_update_grid() -> None:
     assert grid.learned_at_ns == t[0]
 
 
+def test_a_period_off_the_reads_grid_is_learned_too() -> None:
+    t = np.arange(0, 1000, 2.0) * MS  # a 33.3 ms counter read every 2 ms: gaps of 32 or 34 ms
+    grid = learn_grid(t, stepped_counter(t, 33.3, 5.0))
+    assert grid is not None
+    assert grid.period_ns == pytest.approx(33.3 * MS, rel=1e-3)
+    assert off_grid(grid.phase_ns, 5 * MS, 33.3 * MS) < 1.0 * MS
+
+
+def test_a_probe_cut_short_is_not_taken_for_a_fast_counter() -> None:
+    t = np.array([20_000.0, 20_002.0, 20_004.0]) * MS
+    assert learn_grid(t, np.array([1.0, 1.0, 2.0])) is None
+
+
 def test_a_counter_as_fast_as_its_reads_is_read_as_current() -> None:
     t = np.arange(0, 1000, 2.0) * MS
     grid = learn_grid(t, stepped_counter(t, 1.0, 0.3))
@@ -66,6 +79,14 @@ def test_stale_reads_are_timed_to_the_update_that_produced_them() -> None:
     assert ke[1:] == pytest.approx(energy_at(kt[1:]), rel=1e-12)
     mid_t, _ = counter_knots(t, e)
     assert np.abs(mid_t[1:] - kt[1:]).min() == 20 * MS  # the midpoint guess is 20 ms early
+
+
+def test_an_update_the_grid_puts_just_before_the_last_stale_read_came_right_after_it() -> None:
+    t = np.arange(0, 1001, 50.0) * MS
+    e = stepped_counter(t, 100.0, 50.5)  # each update lands 0.5 ms after a read
+    learned = CounterGrid(100 * MS, 49.5 * MS)  # the probe put it 1 ms early
+    kt, _ = counter_knots(t, e, (learned,))
+    assert (kt[1:] / MS).tolist() == [50.0 + 100 * k for k in range(kt.size - 1)]  # not 75, 175, …
 
 
 def test_each_read_is_timed_by_the_latest_grid_learned_before_it() -> None:

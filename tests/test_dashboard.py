@@ -373,3 +373,15 @@ def test_summary_table_says_how_telemetry_was_taken() -> None:
     }
     text = _text(summary_table(summary), width=200)
     assert "sampler p99 0.8 ms late; gpu0 counter: last update on its learned grid (100 ms)" in text
+
+
+def test_summary_table_says_energy_was_not_measured_only_when_it_was_not() -> None:
+    measured = {"model": "m", "energy": {"total_j": 10.0, "attributed_j": 9.0, "idle_j": 1.0, "skipped": {}}}
+    assert "not measured" not in _text(summary_table(measured), width=200)
+    host_only = {
+        "model": "m",
+        "energy": {"meters": {}, "skipped": {"nvml": "no driver"}},
+        "telemetry": {"sampler": {"lateness_ms": {"p99": 1.2}}},
+    }
+    text = _text(summary_table(host_only), width=200)
+    assert "not measured (no energy source)" in text and "sampler p99 1.2 ms late" in text

@@ -133,3 +133,20 @@ async def test_sampler_can_be_kept_at_normal_priority() -> None:
     source = SlowCounter()
     sampler = Sampler([OpenSource(source, source.open())], period_s=0.01, t0_ns=now_ns(), realtime=False)
     assert await _scheduling_of(sampler) == "normal (real-time not asked for)"
+
+
+async def test_overlapping_samplers_give_the_switch_interval_back_once_both_stop() -> None:
+    before = sys.getswitchinterval()
+    first, second = SlowCounter(), SlowCounter()
+    a = Sampler([OpenSource(first, first.open())], period_s=0.01, t0_ns=now_ns())
+    b = Sampler([OpenSource(second, second.open())], period_s=0.01, t0_ns=now_ns())
+    task_a = asyncio.create_task(a.run())
+    await asyncio.sleep(0.02)
+    task_b = asyncio.create_task(b.run())
+    await asyncio.sleep(0.02)
+    task_a.cancel()  # the first to start stops first
+    await asyncio.gather(task_a, return_exceptions=True)
+    assert sys.getswitchinterval() < before  # the second still runs
+    task_b.cancel()
+    await asyncio.gather(task_b, return_exceptions=True)
+    assert sys.getswitchinterval() == before

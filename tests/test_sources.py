@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ipw_async._clock import now_ns
 from ipw_async.telemetry.base import SourceUnavailable
 from ipw_async.telemetry.cpu_model import CpuModelSource
 from ipw_async.telemetry.host import CpuUtilisation, PsutilSource
@@ -151,9 +152,14 @@ def test_nvml_reads_every_quantity_in_si_units() -> None:
     }
     fake.gpus[0].energy_mj = 7_500
     assert source.read().values["gpu0.energy_j"] == 7.5
-    # the sampler's 2 ms probe asks for the counter alone
+    # the sampler's 2 ms probe asks for the counter alone; both reads are stamped at the
+    # counter reads, not at the slower queries after them
     fake.gpus[0].energy_mj = 8_000
-    assert source.read_counters().values == {"gpu0.energy_j": 8.0}
+    before = now_ns()
+    counters = source.read_counters()
+    assert counters.values == {"gpu0.energy_j": 8.0}
+    assert counters.t_ns is not None and before <= counters.t_ns <= now_ns()
+    assert source.read().t_ns is not None
     source.close()
     assert fake.initialised == 0
 

@@ -94,25 +94,29 @@ def learn_grid(t: np.ndarray, e: np.ndarray) -> CounterGrid | None:
     None when it changed fewer than ``MIN_UPDATES`` times (slower than the probe is long), or
     when its changes are not periodic: those reads are then timed to the midpoint as before.
     """
-    if t.size < 3:
-        return None
     changed = np.flatnonzero(np.diff(e) > 0) + 1
-    resolution = float(np.median(np.diff(t)))
-    if changed.size >= 0.5 * (t.size - 1):
-        return CounterGrid(0.0, 0.0, float(t[0]))  # changed between most reads: never staler than one
     if changed.size < MIN_UPDATES:
         return None
+    start = float(t[0])
+    resolution = float(np.median(np.diff(t)))
+    if changed.size >= 0.5 * (t.size - 1):
+        return CounterGrid(0.0, 0.0, start)  # changed between most reads: never staler than one
     updates = (t[changed - 1] + t[changed]) / 2.0  # each to within half a probe read
     period = float(np.median(np.diff(updates)))
     if period < 4 * resolution:
-        return CounterGrid(0.0, 0.0, float(t[0]))
+        return CounterGrid(0.0, 0.0, start)
     # a read delayed by a busy machine brackets its update loosely: leave it out of the fit
     sharp = t[changed] - t[changed - 1] < period / 4
     updates = updates[sharp]
     if updates.size < MIN_UPDATES:
         return None
-    k = (updates - updates[0]) / period
-    if np.max(np.abs(k - np.round(k))) > 0.25:
-        return None
-    slope, intercept = np.polyfit(np.round(k), updates, 1)
-    return CounterGrid(float(slope), float(intercept), float(t[0]))
+    # Number the updates gap by gap: the median gap is quantised to the reads' 2 ms, so
+    # dividing the whole span by it would drift off a 33.3 ms counter within a second.
+    steps = np.round(np.diff(updates) / period)
+    if (steps < 1).any():
+        return None  # two updates much closer than the period: not periodic
+    k = np.concatenate(([0.0], np.cumsum(steps)))
+    slope, intercept = np.polyfit(k, updates, 1)
+    if np.max(np.abs(updates - (intercept + slope * k))) > period / 4:
+        return None  # not periodic
+    return CounterGrid(float(slope), float(intercept), start)

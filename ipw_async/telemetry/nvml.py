@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from .._clock import now_ns
 from .base import CounterTracker, Meter, Quantity, Reading, SourceInfo, SourceUnavailable, TelemetrySource
 
 _MIB = 1 << 20  # memory in MiB, the unit nvidia-smi reports
@@ -71,7 +72,8 @@ class NvmlSource(TelemetrySource):
     def read(self) -> Reading:
         nvml = self._nvml
         error = self._error
-        values = self._query(lambda _: True)
+        counters = self.read_counters()
+        values = counters.values | self._query(lambda column: not _is_energy(column))
         for gpu in self._selected:
             if gpu.field_ids:
                 try:
@@ -82,10 +84,14 @@ class NvmlSource(TelemetrySource):
                 else:
                     for column, fv in zip(gpu.field_columns, fields, strict=True):
                         values[column] = _field_watts(fv, nvml.NVML_SUCCESS)
-        return Reading(values)
+        return Reading(values, counters.t_ns)
 
     def read_counters(self) -> Reading:
-        return Reading(self._query(lambda column: column.endswith(f".{Quantity.ENERGY_J}")))
+        # Every GPU's counter first, stamped together: the other queries take longer than
+        # the counter grid's timing is good for.
+        start = now_ns()
+        values = self._query(_is_energy)
+        return Reading(values, (start + now_ns()) // 2)
 
     def _query(self, wanted: Callable[[str], bool]) -> dict[str, float | None]:
         values: dict[str, float | None] = {}
@@ -237,6 +243,10 @@ class NvmlSource(TelemetrySource):
         if has_energy:
             return "counter"
         return "power" if has_power else None
+
+
+def _is_energy(column: str) -> bool:
+    return column.endswith(f".{Quantity.ENERGY_J}")
 
 
 def _field_watts(fv: Any, success: int) -> float | None:

@@ -81,6 +81,31 @@ class SamplerQuality:
 SWITCH_INTERVAL_S = 0.0005
 
 
+class _SwitchInterval:
+    """The process-wide GIL switch interval, shortened while any sampler runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._saved = 0.0
+
+    def hold(self) -> None:
+        with self._lock:
+            if self._holders == 0:
+                self._saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._saved, SWITCH_INTERVAL_S))
+            self._holders += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if self._holders == 0:
+                sys.setswitchinterval(self._saved)
+
+
+_switch_interval = _SwitchInterval()
+
+
 def _ask_realtime() -> str:
     """Ask for FIFO real-time scheduling of the calling thread, so that it runs the moment
     its timer fires even with every core busy; returns the scheduling it has."""
@@ -177,15 +202,17 @@ class Sampler:
                 loop.call_soon_threadsafe(fail, exc)
 
         ticker = threading.Thread(target=ticks, name="ipw-async-sampler", daemon=True)
-        previous = sys.getswitchinterval()
-        sys.setswitchinterval(min(previous, SWITCH_INTERVAL_S))
+        _switch_interval.hold()
         ticker.start()
         try:
             await failed
         finally:
             stop.set()
-            await asyncio.to_thread(ticker.join)
-            sys.setswitchinterval(previous)
+            try:
+                await asyncio.to_thread(ticker.join)
+            finally:
+                ticker.join()  # cancelled again: wait here, never leave it reading
+                _switch_interval.release()
 
     def _ticks(self, stop: threading.Event) -> None:
         self.scheduling = _ask_realtime() if self.realtime else "normal (real-time not asked for)"
@@ -222,7 +249,7 @@ class Sampler:
                     missed = behind // self.period_ns + 1
                     self.skipped += int(missed)
                     deadline += int(missed) * self.period_ns
-        if probe:
+        if probe and now_ns() - probe_start >= self.probe_ns:  # one cut short shows too little
             self._learn_grids(probe, final=True)
 
     def _learn_grids(self, probe: list[list[tuple[Reading, int, int] | None]], final: bool) -> bool:
