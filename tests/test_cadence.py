@@ -96,6 +96,16 @@ def test_each_read_is_timed_by_the_latest_grid_learned_before_it() -> None:
     assert (last_updates((first, later), t) / MS).tolist() == [100.0, 19_900.0, 20_010.0]
 
 
+def test_a_poor_probe_under_load_is_chained_by_the_period_before_it() -> None:
+    true_period = 100.0 * MS
+    probes = (
+        CounterGrid(100.01 * MS, 5 * MS, learned_at_ns=0.0),
+        CounterGrid(100.2 * MS, 5 * MS + 200 * true_period + 0.3 * MS, learned_at_ns=20_000 * MS),
+        CounterGrid(99.9 * MS, 5 * MS + 400 * true_period - 0.2 * MS, learned_at_ns=40_000 * MS),
+    )
+    assert [g.period_ns for g in chained(probes)] == pytest.approx([true_period] * 3, abs=0.01 * MS)
+
+
 def test_probes_20_s_apart_pin_the_period() -> None:
     true_period = 100.0037 * MS
     # each probe times its updates well but its period only to ±40 µs

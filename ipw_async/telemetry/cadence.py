@@ -13,7 +13,6 @@ run and each read is timed by the latest grid learned before it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -60,19 +59,24 @@ class CounterGrid:
 def chained(grids: tuple[CounterGrid, ...]) -> tuple[CounterGrid, ...]:
     """Each grid with its period refined by the next probe's phase.
 
-    One probe times an update to a fraction of a ms but its period only to some µs; two
-    probes 20 s apart are a known number of periods apart, so the span between their phases
-    gives the period to a fraction of a µs. The last grid keeps the period before it.
+    One probe times an update to a fraction of a ms but its period only to some µs (worse
+    under load); two probes 20 s apart are a known number of periods apart, so the span
+    between their phases gives the period to a fraction of a µs. That period, the best known
+    so far, predicts the count to the next probe; a probe it cannot reach starts afresh from
+    its own estimate. The last grid keeps the period before it.
     """
     out = list(grids)
-    for i, (a, b) in enumerate(pairwise(grids)):
-        if a.period_ns <= 0 or b.period_ns <= 0:
-            continue
-        periods = (b.phase_ns - a.phase_ns) / a.period_ns
-        k = round(periods)
-        if k > 0 and abs(periods - k) < 0.25 and abs(b.period_ns / a.period_ns - 1) < 1e-3:
-            out[i] = replace(a, period_ns=(b.phase_ns - a.phase_ns) / k)
-            out[i + 1] = replace(b, period_ns=out[i].period_ns)
+    period = grids[0].period_ns if grids else 0.0
+    for i, b in enumerate(grids[1:], start=1):
+        a = out[i - 1]
+        span = b.phase_ns - a.phase_ns
+        k = round(span / period) if period > 0 and b.period_ns > 0 else 0
+        if k > 0 and abs(span / period - k) < 0.25:
+            period = span / k
+            out[i - 1] = replace(a, period_ns=period)
+            out[i] = replace(b, period_ns=period)
+        else:
+            period = b.period_ns
     return tuple(out)
 
 
