@@ -9,9 +9,9 @@ the rule. Where telemetry has a gap, or does not reach a request's window, ΔE i
 mean power and the request's provenance says so. Sums are exact: attributed + idle = total.
 
 The meter only knows energy per knot interval (one counter update, ~100 ms), while an engine
-step is ~20 ms and a prefill step draws more than a decode step. So the rule's share of a knot
-interval is pooled and split by each request's work in the whole knot interval: power follows
-work inside it, instead of being flat in time. A prompt's prefill work is placed in the
+step is ~20 ms and a prefill step draws more than a decode step. So the token rule's share of a
+knot interval is pooled and split by each request's work in the whole knot interval: power
+follows work inside it, instead of being flat in time (the equal rule stays per piece). A prompt's prefill work is placed in the
 engine step that produced its first token: the interval since the previous burst of token
 arrivals (a request queued behind others' prefill did no work while it waited).
 """

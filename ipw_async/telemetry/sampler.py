@@ -119,6 +119,11 @@ def _ask_realtime() -> str:
     return "real-time"
 
 
+def _read_time(reading: Reading, start: int, latency: int) -> int:
+    """The instant a read describes: its own stamp, else the middle of the read."""
+    return reading.t_ns if reading.t_ns is not None else start + latency // 2
+
+
 class Sampler:
     """Reads every source once per period, at absolute deadlines so it never drifts.
 
@@ -129,9 +134,9 @@ class Sampler:
     skipped (and counted), not bunched up. For ``probe_s`` at the start, and again every
     20 s, it also reads every 2 ms, to learn when each energy counter updates (see
     :mod:`.cadence`); a counter too slow to show its grid in that time is probed up to five
-    times longer. With ``realtime`` the thread asks the OS for
-    real-time scheduling: on a machine whose cores are all busy (the server beside the
-    harness) an ordinary thread can wait milliseconds to be run.
+    times longer. With ``realtime`` the thread asks the OS for real-time scheduling: on a
+    machine whose cores are all busy (the server beside the harness) an ordinary thread can
+    wait milliseconds to be run.
     """
 
     def __init__(
@@ -151,6 +156,7 @@ class Sampler:
         self.skipped = 0
         self.grids: dict[str, list[CounterGrid]] = {}  # per counter meter, one per probe that found it
         self._sources = sources
+        self._has_counter = [any(m.kind == "counter" for m in s.info.meters) for s in sources]
 
     @property
     def meters(self) -> list[Meter]:
@@ -162,8 +168,8 @@ class Sampler:
 
     def _read_counters(self) -> list[tuple[Reading, int, int] | None]:
         return [
-            timed_read(s.source.read_counters) if any(m.kind == "counter" for m in s.info.meters) else None
-            for s in self._sources
+            timed_read(s.source.read_counters) if counter else None
+            for s, counter in zip(self._sources, self._has_counter, strict=True)
         ]
 
     def _row(
@@ -173,8 +179,7 @@ class Sampler:
         row: dict[str, float | int | None] = {"t_ns": deadline - t0, "lateness_ns": woke - deadline}
         for s, (reading, start, latency) in zip(self._sources, reads, strict=True):
             name = s.source.name
-            at = reading.t_ns if reading.t_ns is not None else start + latency // 2
-            row[f"{name}.t_ns"] = at - t0
+            row[f"{name}.t_ns"] = _read_time(reading, start, latency) - t0
             row[f"{name}.read_ns"] = latency
             row.update(reading.values)
         return row
@@ -218,7 +223,7 @@ class Sampler:
         self.scheduling = _ask_realtime() if self.realtime else "normal (real-time not asked for)"
         start = deadline = probe_start = probe_next = now_ns()
         probe_end = start + self.probe_ns
-        probing = self.probe_ns > 0 and any(m.kind == "counter" for m in self.log.meters)
+        probing = self.probe_ns > 0 and any(self._has_counter)
         probe: list[list[tuple[Reading, int, int] | None]] = []
         while not stop.is_set():
             wake = min(deadline, probe_next) if probing else deadline
@@ -262,7 +267,7 @@ class Sampler:
                 if meter.kind != "counter":
                     continue
                 points = [
-                    (reading.t_ns if reading.t_ns is not None else start + latency // 2, value)
+                    (_read_time(reading, start, latency), value)
                     for reading, start, latency in filter(None, source_reads)
                     if (value := reading.values.get(meter.energy_column)) is not None
                 ]
