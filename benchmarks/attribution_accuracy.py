@@ -31,11 +31,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from ipw_async import RunConfig, run_benchmark
-from ipw_async.analysis.rundir import load_run
-from ipw_async.energy import AttributionConfig, attribute
-from ipw_async.io import read_arrow
-from ipw_async.records import RECORD_SCHEMA
+from ipw_async import RunConfig, finalize, run_benchmark
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
 
 
@@ -97,10 +93,7 @@ async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
         )
         result = await run_benchmark(config)
         truth = httpx.get(f"{sim.root_url}/sim/truth", timeout=10).json()
-    raw = read_arrow(run_dir / "records.arrow").select(list(RECORD_SCHEMA))
-    telemetry = read_arrow(run_dir / "telemetry.arrow")
-    (meter,) = load_run(run_dir).meters()  # as the run saw it, with the counter's update grids
-    window = result.summary["energy"].get("baseline_window_ns")
+    raw = result.records
     true = np.array([truth["requests"][str(i)] for i in raw.get_column("request_id").to_list()])
     long = (raw.get_column("e2e_latency_s").fill_null(0) >= 2.0).to_numpy()
     # steady state: after the first wave (which all arrives at once and queues for prefill)
@@ -109,20 +102,20 @@ async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
     drain = raw.get_column("closed_ns").to_numpy() > raw.get_column("sent_ns").max()
     steady = long & (ids >= case.concurrency) & ~drain
     rows: dict[str, Any] = {}
-    methods = {
-        "tokens+baseline": AttributionConfig(
-            rule="tokens", baseline_window_ns=tuple(window) if window else None
-        ),
-        "tokens": AttributionConfig(rule="tokens"),
-        "equal": AttributionConfig(rule="equal"),
-        "window": AttributionConfig(rule="window"),
+    # each method is the run's own finishing function with other settings (a 0 W baseline:
+    # no static share, all energy by the rule)
+    methods: dict[str, dict[str, Any]] = {
+        "tokens+baseline": {},
+        "tokens": {"baseline_w": 0.0},
+        "equal": {"attribution": "equal"},
+        "window": {"attribution": "window"},
     }
     total = None
-    for name, cfg in methods.items():
-        out, section = attribute(telemetry, [meter], raw, cfg)
-        m = section["meters"]["sim"]
+    for name, settings in methods.items():
+        out = finalize(run_dir, **settings)
+        m = out.summary["energy"]["meters"]["sim"]
         total = m["total_j"]
-        est = out.get_column("energy_j").to_numpy()
+        est = out.records.get_column("energy_j").to_numpy()
         conservation = (
             (m["window_sum_j"] - (m["total_j"] - m["idle_j"])) / m["total_j"]
             if name == "window"
@@ -135,7 +128,7 @@ async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
             "all": errors(est, true),
             "provenance": dict(
                 zip(
-                    *np.unique(out.get_column("energy_provenance").to_numpy(), return_counts=True),
+                    *np.unique(out.records.get_column("energy_provenance").to_numpy(), return_counts=True),
                     strict=True,
                 )
             ),

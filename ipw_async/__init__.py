@@ -1,13 +1,13 @@
 """ipw-async: concurrent streaming benchmarks of LLM inference, with per-query energy."""
 
-from .datasets import Dataset, DatasetError, Query
 from .energy import AttributionConfig, attribute
-from .io import read_arrow
+from .files import read_arrow
 from .records import RequestRecord, Status
-from .runner import RunConfig, RunError, RunResult, run, run_benchmark
+from .runs import RunAborted, RunConfig, RunDirError, RunError, RunResult, finalize, run, run_benchmark
 from .traces import QueryTrace, Turn
+from .workload import Dataset, DatasetError, Query, Workload, WorkUnit
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AttributionConfig",
@@ -16,12 +16,17 @@ __all__ = [
     "Query",
     "QueryTrace",
     "RequestRecord",
+    "RunAborted",
     "RunConfig",
+    "RunDirError",
     "RunError",
     "RunResult",
     "Status",
     "Turn",
+    "WorkUnit",
+    "Workload",
     "attribute",
+    "finalize",
     "read_arrow",
     "run",
     "run_benchmark",

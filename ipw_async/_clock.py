@@ -6,8 +6,11 @@ import time
 from dataclasses import dataclass
 
 # perf_counter_ns is CLOCK_MONOTONIC on Linux: system-wide, so a simulator process on the same
-# host stamps on the same clock as the harness.
+# host stamps on the same clock as the harness (a process on another host does not: its
+# stamps need an offset estimated from round trips).
 now_ns = time.perf_counter_ns
+
+NS = 1_000_000_000  # nanoseconds per second
 
 
 @dataclass(frozen=True)

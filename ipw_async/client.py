@@ -12,8 +12,8 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 
 from ._clock import now_ns
-from .datasets import Query
 from .records import ErrorType, RequestRecord, Status
+from .workload.datasets import Query
 
 
 class ServerUnreachable(Exception):

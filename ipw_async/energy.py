@@ -24,10 +24,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ._clock import NS
+from .records import end_ns
 from .telemetry.base import Meter
 from .telemetry.cadence import PROBE_INTERVAL_NS, CounterGrid, last_updates
 
-NS = 1e9
 RULES = ("tokens", "equal", "window")
 
 
@@ -247,10 +248,8 @@ def _safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 
 def request_windows(records: pl.DataFrame) -> pl.DataFrame:
-    """The requests that reached the server, with ``end_ns`` = closed (or last token)."""
-    return records.with_columns(
-        pl.coalesce("closed_ns", "last_token_ns", "headers_ns", "sent_ns").alias("end_ns")
-    ).filter(pl.col("sent_ns").is_not_null())
+    """The requests that reached the server, with ``end_ns`` (see :func:`records.end_ns`)."""
+    return records.with_columns(end_ns().alias("end_ns")).filter(pl.col("sent_ns").is_not_null())
 
 
 def attribute_meter(

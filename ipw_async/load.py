@@ -1,14 +1,22 @@
-"""Load generation: closed loop at a fixed concurrency, or open loop at an arrival rate."""
+"""Load generation: closed loop at a fixed concurrency, or open loop at an arrival rate.
+
+The driver schedules units of work and knows nothing of what a unit does: ``execute(unit,
+scheduled_ns)`` does it, ``scheduled_ns`` being when the schedule wanted it to start.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
-from ._clock import now_ns
+from ._clock import NS, now_ns
+
+U = TypeVar("U")
+Execute = Callable[[U, int], Awaitable[None]]
 
 ARRIVALS = ("poisson", "gamma", "constant")
 
@@ -64,36 +72,38 @@ def inter_arrivals(spec: LoadSpec, n: int, rng: np.random.Generator) -> np.ndarr
 
 async def drive(
     spec: LoadSpec,
-    items: Iterator[Callable[[int], Awaitable[None]]],
+    units: Iterator[U],
+    execute: Execute[U],
     rng: np.random.Generator,
     deadline_ns: int | None = None,
 ) -> None:
-    """Run every item under the load spec; each item is called with its scheduled time (ns).
+    """Execute every unit under the load spec, each with its scheduled time (ns, run clock).
 
-    Stops drawing items at ``deadline_ns``; requests already in flight finish.
+    Stops drawing units at ``deadline_ns``; units already started finish.
     """
     if spec.concurrency is not None:
-        await _closed_loop(spec.concurrency, items, deadline_ns)
+        await _closed_loop(spec.concurrency, units, execute, deadline_ns)
     else:
-        await _open_loop(spec, items, rng, deadline_ns)
+        await _open_loop(spec, units, execute, rng, deadline_ns)
 
 
 async def _closed_loop(
-    concurrency: int, items: Iterator[Callable[[int], Awaitable[None]]], deadline_ns: int | None
+    concurrency: int, units: Iterator[U], execute: Execute[U], deadline_ns: int | None
 ) -> None:
     async def worker() -> None:
-        for item in items:  # a shared iterator: each worker takes the next one when free
+        for unit in units:  # a shared iterator: each worker takes the next one when free
             now = now_ns()
             if deadline_ns is not None and now >= deadline_ns:
                 return
-            await item(now)
+            await execute(unit, now)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
 async def _open_loop(
     spec: LoadSpec,
-    items: Iterator[Callable[[int], Awaitable[None]]],
+    units: Iterator[U],
+    execute: Execute[U],
     rng: np.random.Generator,
     deadline_ns: int | None,
 ) -> None:
@@ -101,30 +111,30 @@ async def _open_loop(
     in_flight: set[asyncio.Task[None]] = set()
     loop = asyncio.get_running_loop()
 
-    async def gated(item: Callable[[int], Awaitable[None]], scheduled: int) -> None:
+    async def gated(unit: U, scheduled: int) -> None:
         if gate is None:
-            await item(scheduled)
+            await execute(unit, scheduled)
             return
         async with gate:
-            await item(scheduled)
+            await execute(unit, scheduled)
 
     try:
         scheduled = now_ns()
         gaps: Iterator[float] = iter(())
-        for n, item in enumerate(items):
+        for n, unit in enumerate(units):
             if n:
                 gap = next(gaps, None)
-                if gap is None:  # draw arrivals in blocks: the item count may be unbounded
+                if gap is None:  # draw arrivals in blocks: the unit count may be unbounded
                     gaps = iter(inter_arrivals(spec, 1024, rng).tolist())
                     gap = next(gaps)
-                scheduled += int(gap * 1e9)
+                scheduled += int(gap * NS)
             if deadline_ns is not None and scheduled >= deadline_ns:
                 break
             # Sleep to an absolute time: lateness never accumulates into the arrival process.
-            delay = (scheduled - now_ns()) / 1e9
+            delay = (scheduled - now_ns()) / NS
             if delay > 0:
                 await asyncio.sleep(delay)
-            task = loop.create_task(gated(item, scheduled))
+            task = loop.create_task(gated(unit, scheduled))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
         if in_flight:

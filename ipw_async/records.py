@@ -12,12 +12,14 @@ Definitions (DESIGN.md rule 3), all times relative to the run's start on one mon
 from __future__ import annotations
 
 import itertools
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import polars as pl
 
-NS = 1_000_000_000
+from ._clock import NS
 
 
 class Status(StrEnum):
@@ -133,98 +135,74 @@ class RequestRecord:
             return None
         return (self.dispatched_ns - self.scheduled_ns) / NS
 
-    @property
-    def end_ns(self) -> int | None:
-        """When the request stopped occupying the server, as far as the client can tell."""
-        return self.closed_ns if self.closed_ns is not None else self.last_token_ns
 
-    def to_row(self) -> dict[str, object]:
-        return {
-            "request_id": self.request_id,
-            "query_id": self.query_id,
-            "dataset": self.dataset,
-            "warmup": self.warmup,
-            "prompt": self.prompt,
-            "reference": self.reference,
-            "answer": self.answer,
-            "reasoning": self.reasoning or None,
-            "finish_reason": self.finish_reason,
-            "correct": self.correct,
-            "status": str(self.status),
-            "http_status": self.http_status,
-            "reconnects": self.reconnects,
-            "error_type": str(self.error_type) if self.error_type else None,
-            "error_message": self.error_message,
-            "scheduled_ns": self.scheduled_ns,
-            "dispatched_ns": self.dispatched_ns,
-            "sent_ns": self.sent_ns,
-            "headers_ns": self.headers_ns,
-            "first_event_ns": self.first_event_ns,
-            "first_token_ns": self.first_token_ns,
-            "last_token_ns": self.last_token_ns,
-            "closed_ns": self.closed_ns,
-            "queue_s": self.queue_s,
-            "ttft_s": self.ttft_s,
-            "tpot_s": self.tpot_s,
-            "e2e_latency_s": self.e2e_latency_s,
-            "stream_time_s": self.stream_time_s,
-            "itl_s": self.itl_s,
-            "chunk_ns": self.chunk_ns,
-            "chunk_tokens": self.chunk_tokens,
-            "chunk_server_ns": (
-                self.chunk_server_ns if any(v is not None for v in self.chunk_server_ns) else None
-            ),
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "output_tokens_source": self.output_tokens_source,
-            "chunk_count": self.chunk_count,
-            "server_prompt_ms": self.server_prompt_ms,
-            "server_tpot_ms": self.server_tpot_ms,
-        }
+def _opt_str(value: object) -> str | None:
+    return str(value) if value else None
 
 
-RECORD_SCHEMA: dict[str, pl.DataType] = {
-    "request_id": pl.Int64(),
-    "query_id": pl.String(),
-    "dataset": pl.String(),
-    "warmup": pl.Boolean(),
-    "prompt": pl.String(),
-    "reference": pl.String(),
-    "answer": pl.String(),
-    "reasoning": pl.String(),
-    "finish_reason": pl.String(),
-    "correct": pl.Boolean(),
-    "status": pl.String(),
-    "http_status": pl.Int32(),
-    "reconnects": pl.Int32(),
-    "error_type": pl.String(),
-    "error_message": pl.String(),
-    "scheduled_ns": pl.Int64(),
-    "dispatched_ns": pl.Int64(),
-    "sent_ns": pl.Int64(),
-    "headers_ns": pl.Int64(),
-    "first_event_ns": pl.Int64(),
-    "first_token_ns": pl.Int64(),
-    "last_token_ns": pl.Int64(),
-    "closed_ns": pl.Int64(),
-    "queue_s": pl.Float64(),
-    "ttft_s": pl.Float64(),
-    "tpot_s": pl.Float64(),
-    "e2e_latency_s": pl.Float64(),
-    "stream_time_s": pl.Float64(),
-    "itl_s": pl.List(pl.Float64()),
-    "chunk_ns": pl.List(pl.Int64()),
-    "chunk_tokens": pl.List(pl.Int32()),
-    "chunk_server_ns": pl.List(pl.Int64()),
-    "prompt_tokens": pl.Int64(),
-    "output_tokens": pl.Int64(),
-    "output_tokens_source": pl.String(),
-    "chunk_count": pl.Int64(),
-    "server_prompt_ms": pl.Float64(),
-    "server_tpot_ms": pl.Float64(),
-}
+def _server_stamps(r: RequestRecord) -> list[int | None] | None:
+    return r.chunk_server_ns if any(v is not None for v in r.chunk_server_ns) else None
+
+
+_attr = operator.attrgetter
+
+# The columns of records.arrow before energy, in one table: name, type, and how a record gives it.
+COLUMNS: tuple[tuple[str, pl.DataType, Callable[[RequestRecord], object]], ...] = (
+    ("request_id", pl.Int64(), _attr("request_id")),
+    ("query_id", pl.String(), _attr("query_id")),
+    ("dataset", pl.String(), _attr("dataset")),
+    ("warmup", pl.Boolean(), _attr("warmup")),
+    ("prompt", pl.String(), _attr("prompt")),
+    ("reference", pl.String(), _attr("reference")),
+    ("answer", pl.String(), _attr("answer")),
+    ("reasoning", pl.String(), lambda r: r.reasoning or None),
+    ("finish_reason", pl.String(), _attr("finish_reason")),
+    ("correct", pl.Boolean(), _attr("correct")),
+    ("status", pl.String(), lambda r: str(r.status)),
+    ("http_status", pl.Int32(), _attr("http_status")),
+    ("reconnects", pl.Int32(), _attr("reconnects")),
+    ("error_type", pl.String(), lambda r: _opt_str(r.error_type)),
+    ("error_message", pl.String(), _attr("error_message")),
+    ("scheduled_ns", pl.Int64(), _attr("scheduled_ns")),
+    ("dispatched_ns", pl.Int64(), _attr("dispatched_ns")),
+    ("sent_ns", pl.Int64(), _attr("sent_ns")),
+    ("headers_ns", pl.Int64(), _attr("headers_ns")),
+    ("first_event_ns", pl.Int64(), _attr("first_event_ns")),
+    ("first_token_ns", pl.Int64(), _attr("first_token_ns")),
+    ("last_token_ns", pl.Int64(), _attr("last_token_ns")),
+    ("closed_ns", pl.Int64(), _attr("closed_ns")),
+    ("queue_s", pl.Float64(), _attr("queue_s")),
+    ("ttft_s", pl.Float64(), _attr("ttft_s")),
+    ("tpot_s", pl.Float64(), _attr("tpot_s")),
+    ("e2e_latency_s", pl.Float64(), _attr("e2e_latency_s")),
+    ("stream_time_s", pl.Float64(), _attr("stream_time_s")),
+    ("itl_s", pl.List(pl.Float64()), _attr("itl_s")),
+    ("chunk_ns", pl.List(pl.Int64()), _attr("chunk_ns")),
+    ("chunk_tokens", pl.List(pl.Int32()), _attr("chunk_tokens")),
+    ("chunk_server_ns", pl.List(pl.Int64()), _server_stamps),
+    ("prompt_tokens", pl.Int64(), _attr("prompt_tokens")),
+    ("output_tokens", pl.Int64(), _attr("output_tokens")),
+    ("output_tokens_source", pl.String(), _attr("output_tokens_source")),
+    ("chunk_count", pl.Int64(), _attr("chunk_count")),
+    ("server_prompt_ms", pl.Float64(), _attr("server_prompt_ms")),
+    ("server_tpot_ms", pl.Float64(), _attr("server_tpot_ms")),
+)
+
+RECORD_SCHEMA: dict[str, pl.DataType] = {name: dtype for name, dtype, _ in COLUMNS}
+
+
+def record_row(record: RequestRecord) -> dict[str, object]:
+    """One record as a row of ``records.arrow``."""
+    return {name: get(record) for name, _, get in COLUMNS}
 
 
 def records_frame(records: list[RequestRecord]) -> pl.DataFrame:
     """A typed polars frame of records, the schema of ``records.arrow`` before energy columns."""
-    return pl.DataFrame([r.to_row() for r in records], schema=RECORD_SCHEMA, orient="row")
+    rows = [tuple(get(r) for _, _, get in COLUMNS) for r in records]
+    return pl.DataFrame(rows, schema=RECORD_SCHEMA, orient="row")
+
+
+def end_ns() -> pl.Expr:
+    """When a request stopped occupying the server, as far as the client can tell: its stream
+    closed, else its last token, else its response headers, else when it was sent."""
+    return pl.coalesce("closed_ns", "last_token_ns", "headers_ns", "sent_ns")

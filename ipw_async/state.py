@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-from ._clock import now_ns
+from ._clock import NS, now_ns
 from .records import RequestRecord, Status
 
-NS = 1_000_000_000
+
+class Phase(StrEnum):
+    STARTING = "starting"
+    BASELINE = "baseline"  # idle power before any request
+    WARMUP = "warmup"
+    MEASURING = "measuring"
+    FINISHING = "finishing"  # the telemetry tail after the last request
+    DONE = "done"
 
 
 @dataclass
@@ -34,7 +42,7 @@ class RunState:
     planned: int | None  # requests to send, when known
     duration_s: float | None
     started_ns: int = field(default_factory=now_ns)
-    phase: str = "starting"  # starting | baseline | warmup | measuring | finishing | done
+    phase: Phase = Phase.STARTING
     in_flight: int = 0
     done: int = 0
     ok: int = 0

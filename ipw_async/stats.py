@@ -7,6 +7,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ._clock import NS
+from .records import end_ns
+
 PERCENTILES = (50, 90, 95, 99, 99.9)
 
 
@@ -29,14 +32,14 @@ def measured(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def window_s(frame: pl.DataFrame) -> float | None:
-    """The measured window: first request sent to last stream closed, in seconds."""
+    """The measured window: first request sent to the last one's end, in seconds."""
     if frame.is_empty():
         return None
     start = frame.get_column("sent_ns").min()
-    end = frame.select(pl.coalesce("closed_ns", "last_token_ns", "sent_ns").max()).item()
+    end = frame.select(end_ns().max()).item()
     if start is None or end is None or end <= start:
         return None
-    return (end - start) / 1e9  # type: ignore[operator]
+    return (end - start) / NS  # type: ignore[operator]
 
 
 def latency_stats(frame: pl.DataFrame) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats as sps
 from typer.testing import CliRunner
 
-from ipw_async import io
+from ipw_async import files
 from ipw_async.analysis import (
     analyze,
     compare_runs,
@@ -94,9 +94,9 @@ def write_run(path: Path, summary: dict[str, Any] | None = None) -> Path:
         pl.Series("energy_provenance", ["measured"] * len(FIXTURE)),
     )
     path.mkdir(parents=True, exist_ok=True)
-    io.write_frame(frame, path / io.RECORDS)
+    files.write_frame(frame, path / files.RECORDS)
     if summary is not None:
-        io.write_json(path / io.SUMMARY, summary)
+        files.write_json(path / files.SUMMARY, summary)
     return path
 
 
@@ -148,7 +148,7 @@ def test_missing_energy_stays_missing_with_a_reason() -> None:
 def test_no_energy_columns_gives_null_ipj_with_reason(tmp_path: Path) -> None:
     run = tmp_path / "bare"
     run.mkdir()
-    io.write_frame(records_frame([record(0), record(1, correct=False)]), run / io.RECORDS)
+    files.write_frame(records_frame([record(0), record(1, correct=False)]), run / files.RECORDS)
     acc = analyze(run, "accuracy", write=False)["accuracy"]
     assert acc["accuracy"] == 0.5 and acc["energy"] == {} and acc["energy_reason"]
 
@@ -272,10 +272,10 @@ def test_energy_breakdown_by_phase(tmp_path: Path) -> None:
     )
     run = tmp_path / "phases"
     run.mkdir()
-    io.write_frame(records_frame(recs), run / io.RECORDS)
-    io.write_frame(telemetry, run / io.TELEMETRY)
-    io.write_json(
-        run / io.SUMMARY, {"energy": {"meters": {"dev": {"kind": "power"}}, "headline_meters": ["dev"]}}
+    files.write_frame(records_frame(recs), run / files.RECORDS)
+    files.write_frame(telemetry, run / files.TELEMETRY)
+    files.write_json(
+        run / files.SUMMARY, {"energy": {"meters": {"dev": {"kind": "power"}}, "headline_meters": ["dev"]}}
     )
     report = energy_report(load_run(run))
     dev = report["meters"]["dev"]
@@ -339,7 +339,7 @@ def test_cli_analyze_writes_and_reports(hand_run: Path) -> None:
     result = CliRunner().invoke(app, ["analyze", str(hand_run), "--slo", "ttft_ms=500"])
     assert result.exit_code == 0, result.output
     assert "accuracy 75.0%" in result.output and "goodput" in result.output
-    lat = io.read_json(hand_run / "analysis" / "latency.json")
+    lat = files.read_json(hand_run / "analysis" / "latency.json")
     assert lat["goodput"]["met"] == 5 and math.isclose(lat["goodput"]["fraction"], 5 / 6)
 
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from ipw_async import io
+from ipw_async import files
 from ipw_async.analysis import analyze, load_run, plot_run, run_sweep
 from ipw_async.analysis.constraints import best_levels
 from ipw_async.analysis.sweep import SweepResult, judge
 from ipw_async.cli import app
-from ipw_async.runner import RunConfig
+from ipw_async.runs import RunConfig
 
 SWEEP_FILES = {
     "raw_runs.csv",
@@ -63,11 +63,11 @@ def test_sweep_writes_every_file(sweep: SweepResult) -> None:
     ]
     for r in rows:
         assert Path(r["run_dir"]).name == f"{r['level']}_r{r['repeat']}"
-        assert (Path(r["run_dir"]) / io.RECORDS).is_file()
+        assert (Path(r["run_dir"]) / files.RECORDS).is_file()
         assert r["requests_measured"] == "12"
         for figure in ("throughput_rps", "ttft_p50_s", "j_per_query", "j_per_token", "mean_power_w", "ipj"):
             assert float(r[figure]) > 0, figure
-    summary = io.read_json(sweep.sweep_dir / "summary.json")
+    summary = files.read_json(sweep.sweep_dir / "summary.json")
     assert summary["counts"] == {
         "runs": 4,
         "runs_planned": 4,
@@ -139,7 +139,7 @@ def test_plots_of_a_real_run(sweep: SweepResult, tmp_path: Path) -> None:
 def test_plot_skips_what_a_run_lacks(sweep: SweepResult, tmp_path: Path) -> None:
     run = tmp_path / "no_telemetry"
     run.mkdir()
-    (run / io.RECORDS).write_bytes((sweep.out_dir / "c2_r0" / io.RECORDS).read_bytes())
+    (run / files.RECORDS).write_bytes((sweep.out_dir / "c2_r0" / files.RECORDS).read_bytes())
     report = plot_run(run)
     assert "power_timeline" in report.skipped and "telemetry" in report.skipped["power_timeline"]
     assert (run / "plots" / "ttft_cdf.png").is_file()
@@ -194,7 +194,7 @@ def test_ctrl_c_stops_the_sweep_and_keeps_what_it_has(tmp_path: Path) -> None:
     cmd += ["--baseline-s", "0", "-o", str(out), "-q"]
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    records = out / "c1_r0" / io.RECORDS
+    records = out / "c1_r0" / files.RECORDS
     deadline = time.monotonic() + 30
     while not records.exists() and time.monotonic() < deadline:  # the first run is under way
         time.sleep(0.2)
@@ -204,5 +204,5 @@ def test_ctrl_c_stops_the_sweep_and_keeps_what_it_has(tmp_path: Path) -> None:
     assert proc.returncode == 130
     rows = read_csv(out / "sweep" / "raw_runs.csv")
     assert [r["status"] for r in rows] == ["interrupted"]
-    summary = io.read_json(out / "sweep" / "summary.json")
+    summary = files.read_json(out / "sweep" / "summary.json")
     assert summary["interrupted"] and summary["counts"]["runs_planned"] == 4

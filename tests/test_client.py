@@ -8,9 +8,9 @@ import pytest
 
 from ipw_async._clock import now_ns
 from ipw_async.client import ClientConfig, ServerUnreachable, StreamingClient, apply_events, list_models
-from ipw_async.datasets import Query
-from ipw_async.records import ErrorType, RequestRecord, Status
+from ipw_async.records import ErrorType, RequestRecord, Status, record_row
 from ipw_async.sim import SimulatorProcess
+from ipw_async.workload.datasets import Query
 
 MS = 1_000_000
 
@@ -70,7 +70,7 @@ def test_no_token_gives_null_ttft_not_zero() -> None:
     )
     assert record.ttft_s is None and record.e2e_latency_s is None and record.tpot_s is None
     assert record.output_tokens == 0
-    assert record.to_row()["ttft_s"] is None
+    assert record_row(record)["ttft_s"] is None
 
 
 def test_one_token_has_no_tpot() -> None:

@@ -8,8 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from ipw_async.datasets import DatasetError, builtin_qa, load_file, question_of, synthetic
 from ipw_async.scoring import score
+from ipw_async.workload.datasets import DatasetError, builtin_qa, load_file, question_of, synthetic
 
 
 def test_builtin_qa_has_hundreds_of_answered_questions() -> None:

@@ -11,12 +11,13 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import polars as pl
 import pyarrow.ipc as ipc
 import pytest
 
 from ipw_async import QueryTrace, RunError, read_arrow, run_benchmark
-from ipw_async.io import RecordWriter
+from ipw_async.files import PartialFileError, RecordWriter
 from ipw_async.records import RequestRecord
 from ipw_async.sim import SimulatorProcess
 
@@ -31,9 +32,9 @@ async def test_embedded_run_writes_a_complete_run_directory(tmp_path: Path) -> N
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["complete"] is True and summary["simulated"] is True
     assert summary["requests"]["measured"] == 30 and summary["requests"]["warmup"] == 4
-    # read back by both libraries, one row per request, as measured
-    by_polars = pl.read_ipc(run_dir / "records.arrow")
-    by_pyarrow = ipc.open_file(str(run_dir / "records.arrow")).read_all()
+    # an Arrow IPC stream, read back by both libraries, one row per request, as measured
+    by_polars = pl.read_ipc_stream(run_dir / "records.arrow")
+    by_pyarrow = ipc.open_stream(str(run_dir / "records.arrow")).read_all()
     assert by_polars.height == by_pyarrow.num_rows == 34
     assert by_polars.equals(result.records)
     assert by_polars.get_column("request_id").to_list() == list(range(34))
@@ -70,10 +71,14 @@ async def test_rate_mode_spaces_arrivals(tmp_path: Path) -> None:
         tmp_path, concurrency=None, rate=40.0, arrival="poisson", max_queries=80, telemetry="none"
     )
     result = await run_benchmark(config)
-    scheduled = result.records.sort("request_id").get_column("scheduled_ns").to_numpy()
+    frame = result.records.sort("request_id")
+    scheduled = frame.get_column("scheduled_ns").to_numpy()
     gaps = (scheduled[1:] - scheduled[:-1]) / 1e9
     assert gaps.mean() == pytest.approx(1 / 40, rel=0.35)
-    assert (gaps > 0).all()
+    # requests went out on schedule: no cap, so none waited for a slot beyond loop latency
+    late_ms = (frame.get_column("dispatched_ns").to_numpy() - scheduled) / 1e6
+    assert late_ms.min() >= 0
+    assert float(np.percentile(late_ms, 90)) < 20
 
 
 async def test_max_concurrency_caps_open_loop(tmp_path: Path) -> None:
@@ -164,7 +169,7 @@ async def test_dead_server_mid_run_stops_with_records_kept(tmp_path: Path) -> No
     await killer
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["complete"] is False and summary["aborted"]
-    frame = pl.read_ipc(tmp_path / "run" / "records.arrow")
+    frame = pl.read_ipc_stream(tmp_path / "run" / "records.arrow")
     assert frame.filter(pl.col("status") == "ok").height > 0
     assert frame.height < 400
 
@@ -224,6 +229,7 @@ def test_crashed_writer_leaves_a_readable_file(tmp_path: Path) -> None:
 
     path = tmp_path / "records.arrow"
     writer = RecordWriter(path, batch_size=2)
+    assert pl.read_ipc_stream(path).height == 0  # readable before any record
 
     async def write_without_closing() -> None:
         for i in range(5):
@@ -232,8 +238,12 @@ def test_crashed_writer_leaves_a_readable_file(tmp_path: Path) -> None:
                 await writer.flush()
 
     anyio.run(write_without_closing)
-    # the writer never closed (as after a crash): no footer, yet the flushed batches are there
-    with pytest.raises((pl.exceptions.PolarsError, OSError)):
-        pl.read_ipc(path)
-    frame = read_arrow(path)
-    assert frame.get_column("request_id").to_list() == [0, 1, 2, 3]
+    # the writer never closed (as after a crash): no end-of-stream marker, yet plain readers
+    # see every flushed batch
+    assert pl.read_ipc_stream(path).get_column("request_id").to_list() == [0, 1, 2, 3]
+    assert ipc.open_stream(str(path)).read_all().num_rows == 4
+    # a process killed inside a write leaves part of a batch: named, or salvaged on request
+    (tmp_path / "cut.arrow").write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(PartialFileError, match="ends inside a batch"):
+        read_arrow(tmp_path / "cut.arrow")
+    assert read_arrow(tmp_path / "cut.arrow", partial_ok=True).get_column("request_id").to_list() == [0, 1]

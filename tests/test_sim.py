@@ -7,8 +7,8 @@ import time
 
 import httpx
 
-from ipw_async.datasets import builtin_qa
 from ipw_async.sim import SimConfig, SimulatorProcess
+from ipw_async.workload.datasets import builtin_qa
 
 from .conftest import fast_engine
 

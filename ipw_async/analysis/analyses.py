@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import io
+from .. import files
 from .accuracy import accuracy_report
 from .breakdown import energy_report
 from .latency import latency_report
@@ -50,5 +50,5 @@ def analyze(
     if write:
         run.analysis_dir.mkdir(exist_ok=True)
         for name, payload in results.items():
-            io.write_json(run.analysis_dir / f"{name}.json", payload)
+            files.write_json(run.analysis_dir / f"{name}.json", payload)
     return results

@@ -9,16 +9,13 @@ from typing import Any
 
 import polars as pl
 
-from .. import io
+from .. import files
+from ..runs.directory import Manifest, RunDirError
 from ..stats import measured
 from ..telemetry.base import Meter, Quantity
 from ..telemetry.cadence import CounterGrid
 
 HEADLINE = "headline"  # the name analyses give the run's headline energy (``energy_j``)
-
-
-class RunDirError(ValueError):
-    """A directory that holds no run; the message says which file is missing."""
 
 
 @dataclass
@@ -54,7 +51,8 @@ class RunDir:
         return ([HEADLINE] if "energy_j" in self.records.columns else []) + names
 
     def meters(self) -> list[Meter]:
-        """The energy meters of the telemetry log, rebuilt from the summary and the log's columns.
+        """The energy meters of the telemetry log: as ``run.json`` describes them, else (a run
+        written before run.json existed) rebuilt from the summary and the log's columns.
 
         The log keeps each source's block of columns together (``<source>.t_ns`` first), so a
         channel's source is the nearest time column before its value columns. Without a summary
@@ -62,6 +60,8 @@ class RunDir:
         """
         if self.telemetry is None:
             return []
+        if (self.path / files.RUN).is_file():
+            return Manifest.read(self.path).meters
         columns = self.telemetry.columns
         known = (self.summary or {}).get("energy", {}).get("meters", {})
         headline = set((self.summary or {}).get("energy", {}).get("headline_meters", []))
@@ -100,16 +100,20 @@ def load_run(path: str | Path) -> RunDir:
     path = Path(path)
     if not path.is_dir():
         raise RunDirError(f"{path} is not a directory")
-    records_path = path / io.RECORDS
+    records_path = path / files.RECORDS
     if not records_path.is_file():
-        raise RunDirError(f"{path} holds no {io.RECORDS}; is it a run directory?")
-    summary_path = path / io.SUMMARY
-    telemetry_path = path / io.TELEMETRY
+        raise RunDirError(f"{path} holds no {files.RECORDS}; is it a run directory?")
+    summary_path = path / files.SUMMARY
+    telemetry_path = path / files.TELEMETRY
+    finished = summary_path.is_file()
+    # a run cut short may have died mid-write: its whole batches are what it measured
     return RunDir(
         path=path,
-        records=io.read_arrow(records_path),
-        summary=io.read_json(summary_path) if summary_path.is_file() else None,
-        telemetry=io.read_arrow(telemetry_path) if telemetry_path.is_file() else None,
+        records=files.read_arrow(records_path, partial_ok=not finished),
+        summary=files.read_json(summary_path) if finished else None,
+        telemetry=files.read_arrow(telemetry_path, partial_ok=not finished)
+        if telemetry_path.is_file()
+        else None,
     )
 
 

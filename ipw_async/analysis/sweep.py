@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +18,10 @@ from typing import Any
 
 import polars as pl
 
-from .. import io
+from .. import files
 from ..load import LoadSpec
-from ..runner import Display, RunConfig, RunError, run_benchmark, slug
+from ..runs import Display, Manifest, RunConfig, RunDirError, RunError, run_benchmark
+from ..runs.directory import slug
 from .constraints import BEST, best_levels, validate, violations
 from .headline import FIGURES, headline_figures
 from .pareto import pareto_front
@@ -102,7 +102,6 @@ def level_config(base: RunConfig, level: Level, repeat: int, out_dir: Path) -> R
         seed=seed,
         dataset_seed=base.seed if base.dataset_seed is None else base.dataset_seed,
         output_dir=out_dir / f"{level.label}_r{repeat}",
-        sim=dataclasses.replace(base.sim, seed=seed),
     )
 
 
@@ -121,13 +120,20 @@ def run_row(level: Level, repeat: int, config: RunConfig) -> dict[str, Any]:
     } | dict.fromkeys(FIGURES)
 
 
-def _fill(row: dict[str, Any], run_dir: Path, started: float) -> None:
+def _run_id(run_dir: Path) -> str | None:
+    try:
+        return Manifest.read(run_dir).run_id
+    except RunDirError:
+        return None
+
+
+def _fill(row: dict[str, Any], run_dir: Path, previous_id: str | None) -> None:
     """Figures from whatever this run left on disk (an interrupted run leaves records).
 
     A run refused before it started may have found an older run there: that one is not read.
     """
-    records = run_dir / io.RECORDS
-    if not records.is_file() or records.stat().st_mtime < started:
+    run_id = _run_id(run_dir)
+    if run_id is None or run_id == previous_id or not (run_dir / files.RECORDS).is_file():
         return
     try:
         run = load_run(run_dir)
@@ -164,7 +170,8 @@ def run_sweep(
             config = level_config(base, level, repeat, out_dir)
             row = run_row(level, repeat, config)
             rows.append(row)
-            started = time.time()  # wall clock on purpose: compared with a file's mtime
+            assert config.output_dir is not None
+            previous = _run_id(config.output_dir)
             try:
                 asyncio.run(run_benchmark(config, display))
                 row["status"] = "ok"
@@ -175,8 +182,7 @@ def run_sweep(
             except KeyboardInterrupt:
                 row["status"], row["error"] = "interrupted", "stopped by Ctrl-C"
                 interrupted = True
-            assert config.output_dir is not None
-            _fill(row, config.output_dir, started)
+            _fill(row, config.output_dir, previous)
             if progress is not None:
                 progress(row, len(rows), total)
             if interrupted:
@@ -271,7 +277,7 @@ def write_sweep(
     stats = level_stats(levels, rows)
     judge(stats, limits)
     _stats_frame(stats).write_csv(sweep_dir / "summary_stats.csv")
-    io.write_json(sweep_dir / "summary_stats.json", {"mode": mode, "levels": stats})
+    files.write_json(sweep_dir / "summary_stats.json", {"mode": mode, "levels": stats})
     fronts = frontiers(stats)
     for name, front in fronts.items():
         _frame(front, ["level", "value", *FRONTIERS[name]]).write_csv(
@@ -311,7 +317,7 @@ def write_sweep(
         },
         "base_config": base.public(),
     }
-    io.write_json(sweep_dir / "summary.json", summary)
+    files.write_json(sweep_dir / "summary.json", summary)
     result = SweepResult(out_dir, mode, rows, stats, summary, interrupted)
     result.plots = plot_sweep(mode, stats, rows, fronts, sweep_dir / "plots", base.base_url is None)
     return result

@@ -21,29 +21,62 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from .._clock import now_ns
+from .._clock import NS, now_ns
+from .._options import option
 
-NS = 1_000_000_000
+TELEMETRY_KINDS = ("counter", "power", "avg-power")
 
 
 @dataclass
 class EngineConfig:
-    max_batch: int = 128
-    step_base_ms: float = 14.0
-    step_per_seq_ms: float = 0.12
-    step_per_prefill_token_ms: float = 0.03
-    prefill_budget_tokens: int = 2048
-    zero_delay: bool = False
+    max_batch: int = field(default=128, metadata=option("Most sequences decoded together in one step."))
+    step_base_ms: float = field(
+        default=14.0, metadata=option("Duration of an engine step with an empty batch.")
+    )
+    step_per_seq_ms: float = field(
+        default=0.12, metadata=option("Extra step time per sequence in the batch.")
+    )
+    step_per_prefill_token_ms: float = field(
+        default=0.03, metadata=option("Extra step time per prompt token prefilled.")
+    )
+    prefill_budget_tokens: int = field(
+        default=2048,
+        metadata=option("Most prompt tokens prefilled in one step (chunked prefill).", "--prefill-budget"),
+    )
+    zero_delay: bool = field(
+        default=False, metadata=option("Steps take no time: measure the client, not the model.")
+    )
     # device
-    static_w: float = 70.0
-    dynamic_w: float = 28.0  # dynamic power of one decoding sequence
-    work_exponent: float = 0.6  # dynamic power ∝ work ** exponent: sub-linear in batch size
-    prefill_work: float = 0.3  # work of one prefill token relative to one decode token
+    static_w: float = field(default=70.0, metadata=option("Device idle (static) power in watts."))
+    dynamic_w: float = field(
+        default=28.0, metadata=option("Dynamic power of one decoding sequence in watts.")
+    )
+    work_exponent: float = field(
+        default=0.6, metadata=option("Dynamic power grows as work ** this (sub-linear).")
+    )
+    prefill_work: float = field(
+        default=0.3, metadata=option("A prompt token's work relative to an output token.")
+    )
     max_w: float = 700.0
-    counter_period_ms: float = 100.0
-    telemetry: str = "counter"  # counter | power | avg-power: what the device exposes
+    counter_period_ms: float = field(
+        default=100.0, metadata=option("Energy counter update period in ms.", "--counter-ms")
+    )
+    telemetry: str = field(
+        default="counter",
+        metadata=option("What the device exposes: counter, power or avg-power.", "--device-telemetry"),
+    )
     # every Nth second the device answers nothing (0: never): gaps that force imputation
-    dropout_every_s: int = 0
+    dropout_every_s: int = field(
+        default=0,
+        metadata=option(
+            "The device answers nothing every Nth second (0: never), to test imputation.",
+            "--device-dropout-every",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.telemetry not in TELEMETRY_KINDS:
+            raise ValueError(f"--device-telemetry must be one of {', '.join(TELEMETRY_KINDS)}")
 
 
 @dataclass(eq=False)

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from .._clock import now_ns
-from ..datasets import qa_pairs, question_of
+from .._options import option
+from ..workload.datasets import qa_pairs, question_of
 from .engine import Engine, EngineConfig, SimRequest
 
 SIM_MODEL = "sim-small"
@@ -61,21 +62,35 @@ _FILLER = [
 class Faults:
     """Probabilities (per request, seeded) of each injected failure."""
 
-    http_error: float = 0.0  # HTTP 500 before any byte of the stream
-    error_event: float = 0.0  # an error object inside the 200 stream, then close
-    disconnect: float = 0.0  # the connection drops mid-stream
-    malformed: float = 0.0  # one event that is not JSON
-    stall: float = 0.0  # the stream pauses stall_s mid-way
-    stall_s: float = 2.0
+    http_error: float = field(
+        default=0.0, metadata=option("Probability of HTTP 500 per request.", "--fault-http-error")
+    )
+    error_event: float = field(
+        default=0.0,
+        metadata=option("Probability of an error event inside the stream.", "--fault-error-event"),
+    )
+    disconnect: float = field(
+        default=0.0,
+        metadata=option("Probability of dropping the connection mid-stream.", "--fault-disconnect"),
+    )
+    malformed: float = field(
+        default=0.0, metadata=option("Probability of one malformed (non-JSON) event.", "--fault-malformed")
+    )
+    stall: float = field(default=0.0, metadata=option("Probability of a mid-stream stall.", "--fault-stall"))
+    stall_s: float = field(default=2.0, metadata=option("Length of a stall in seconds.", "--fault-stall-s"))
 
 
 @dataclass
 class SimConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     faults: Faults = field(default_factory=Faults)
-    seed: int = 0
-    accuracy: float = 0.8
-    output_median: int = 48
+    seed: int = field(default=0, metadata=option("Seed for answers, lengths and faults."))
+    accuracy: float = field(
+        default=0.8, metadata=option("Probability of a right answer to a built-in QA question.")
+    )
+    output_median: int = field(
+        default=48, metadata=option("Median answer length in tokens (when not ignore_eos).")
+    )
     output_sigma: float = 0.6
     model: str = SIM_MODEL
 

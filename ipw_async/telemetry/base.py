@@ -6,6 +6,7 @@ import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from .._clock import now_ns
 from .cadence import CounterGrid
@@ -53,6 +54,23 @@ class Meter:
     def power_column(self) -> str:
         return f"{self.channel}.{self.power_quantity}"
 
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "channel": self.channel,
+            "kind": self.kind,
+            "accelerator": self.accelerator,
+            "power_quantity": str(self.power_quantity),
+            "source": self.source,
+            "grids": [g.as_dict() for g in self.grids],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Meter:
+        grids = tuple(CounterGrid.from_dict(g) for g in data.get("grids", ()))
+        return cls(
+            data["channel"], data["kind"], data["accelerator"], data["power_quantity"], data["source"], grids
+        )
+
 
 @dataclass
 class Reading:
@@ -94,6 +112,10 @@ class TelemetrySource(abc.ABC):
         is costly (NVML's utilisation, memory, temperature) read less here."""
         return self.read()
 
+    def counter_events(self) -> dict[str, dict[str, int]]:
+        """Resets and wraps each energy counter has shown so far, by channel."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 - most sources hold nothing to release
         pass
 
@@ -125,6 +147,10 @@ class CounterTracker:
                 self.resets += 1
         self._last_raw = raw
         return self._offset + raw
+
+
+def tracker_events(counters: dict[str, CounterTracker]) -> dict[str, dict[str, int]]:
+    return {channel: {"resets": t.resets, "wraps": t.wraps} for channel, t in counters.items()}
 
 
 def timed_read(read: Callable[[], Reading]) -> tuple[Reading, int, int]:

@@ -11,7 +11,16 @@ from types import ModuleType
 from typing import Any
 
 from .._clock import now_ns
-from .base import CounterTracker, Meter, Quantity, Reading, SourceInfo, SourceUnavailable, TelemetrySource
+from .base import (
+    CounterTracker,
+    Meter,
+    Quantity,
+    Reading,
+    SourceInfo,
+    SourceUnavailable,
+    TelemetrySource,
+    tracker_events,
+)
 
 _MIB = 1 << 20  # memory in MiB, the unit nvidia-smi reports
 
@@ -51,8 +60,7 @@ class NvmlSource(TelemetrySource):
         self._selected: list[_Gpu] = []
         self._error: type[Exception] = Exception
         self._initialised = False
-        # Energy counter per channel, public so the sampler can report resets.
-        self.counters: dict[str, CounterTracker] = {}
+        self.counters: dict[str, CounterTracker] = {}  # per channel; resets and wraps reach the summary
 
     def open(self) -> SourceInfo:
         nvml = self._load()
@@ -103,6 +111,9 @@ class NvmlSource(TelemetrySource):
                     except self._error:
                         values[column] = None
         return values
+
+    def counter_events(self) -> dict[str, dict[str, int]]:
+        return tracker_events(self.counters)
 
     def close(self) -> None:
         if self._initialised:

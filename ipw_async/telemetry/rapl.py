@@ -8,7 +8,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import CounterTracker, Meter, Quantity, Reading, SourceInfo, SourceUnavailable, TelemetrySource
+from .base import (
+    CounterTracker,
+    Meter,
+    Quantity,
+    Reading,
+    SourceInfo,
+    SourceUnavailable,
+    TelemetrySource,
+    tracker_events,
+)
 
 _PACKAGE_ZONE = re.compile(r"intel-rapl:(\d+)")
 _SUB_ZONE = re.compile(r"intel-rapl:(\d+):(\d+)")
@@ -42,8 +51,7 @@ class RaplSource(TelemetrySource):
     def __init__(self, root: Path = Path("/sys/class/powercap")) -> None:
         self.root = root
         self._open: list[_OpenZone] = []
-        # Energy counter per channel, public so the sampler can report wraps.
-        self.counters: dict[str, CounterTracker] = {}
+        self.counters: dict[str, CounterTracker] = {}  # per channel; resets and wraps reach the summary
 
     def open(self) -> SourceInfo:
         if not self.root.is_dir():
@@ -80,6 +88,9 @@ class RaplSource(TelemetrySource):
             else:
                 values[zone.column] = zone.tracker.update(raw) / 1e6
         return Reading(values)
+
+    def counter_events(self) -> dict[str, dict[str, int]]:
+        return tracker_events(self.counters)
 
     def close(self) -> None:
         for zone in self._open:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import polars as pl
 
-from .._clock import now_ns
+from .._clock import NS, now_ns
 from ..stats import distribution
 from .base import Meter, Reading, SourceInfo, TelemetrySource, timed_read
 from .cadence import PROBE_EVERY_NS, PROBE_INTERVAL_NS, PROBE_PATIENCE, CounterGrid, learn_grid
@@ -39,10 +39,6 @@ class TelemetryLog:
         self.columns: dict[str, list[float | int | None]] = {n: [] for n in names}
         self._lock = threading.Lock()  # the sampler thread appends while the loop reads
 
-    @property
-    def meters(self) -> list[Meter]:
-        return [replace(m, source=s.source.name) for s in self.sources for m in s.info.meters]
-
     def __len__(self) -> int:
         return len(self.columns["t_ns"])
 
@@ -51,13 +47,21 @@ class TelemetryLog:
             for name, values in self.columns.items():
                 values.append(row.get(name))
 
-    def frame(self) -> pl.DataFrame:
-        schema = {
+    @property
+    def schema(self) -> dict[str, pl.DataType]:
+        return {
             n: pl.Int64() if n.endswith(("t_ns", "read_ns", "lateness_ns")) else pl.Float64()
             for n in self.columns
         }
+
+    def frame(self, since: int = 0) -> pl.DataFrame:
+        """Rows from ``since`` on (the rows a writer has not yet written)."""
         with self._lock:
-            return pl.DataFrame(self.columns, schema=schema)
+            return pl.DataFrame({n: v[since:] for n, v in self.columns.items()}, schema=self.schema)
+
+    def recent(self, column: str, n: int) -> list[float | int]:
+        """The last ``n`` readings of a column, failed reads left out."""
+        return [v for v in self.columns[column][-n:] if v is not None]
 
     def latest(self, column: str) -> float | None:
         for value in reversed(self.columns.get(column, ())):
@@ -147,10 +151,10 @@ class Sampler:
         realtime: bool = True,
         probe_s: float = 1.0,
     ) -> None:
-        self.period_ns = int(period_s * 1e9)
+        self.period_ns = int(period_s * NS)
         self.t0_ns = t0_ns
         self.realtime = realtime
-        self.probe_ns = int(probe_s * 1e9)
+        self.probe_ns = int(probe_s * NS)
         self.scheduling = "normal"
         self.log = TelemetryLog(sources)
         self.skipped = 0
@@ -160,8 +164,18 @@ class Sampler:
 
     @property
     def meters(self) -> list[Meter]:
-        """The log's meters, each counter with the update grids the probes learned."""
-        return [replace(m, grids=tuple(self.grids.get(m.channel, ()))) for m in self.log.meters]
+        """Every source's meters, each counter with the update grids the probes learned."""
+        return [
+            replace(m, source=s.source.name, grids=tuple(self.grids.get(m.channel, ())))
+            for s in self._sources
+            for m in s.info.meters
+        ]
+
+    def counter_events(self) -> dict[str, dict[str, int]]:
+        """Resets and wraps of every energy counter so far, by channel (none: not listed)."""
+        return {
+            ch: ev for s in self._sources for ch, ev in s.source.counter_events().items() if any(ev.values())
+        }
 
     def _read_all(self) -> list[tuple[Reading, int, int]]:
         return [timed_read(s.source.read) for s in self._sources]
@@ -228,7 +242,7 @@ class Sampler:
         while not stop.is_set():
             wake = min(deadline, probe_next) if probing else deadline
             delay = wake - now_ns()
-            if delay > 0 and stop.wait(delay / 1e9):
+            if delay > 0 and stop.wait(delay / NS):
                 break
             woke = now_ns()
             full = self._read_all() if woke >= deadline else None

@@ -1,8 +1,4 @@
-"""CLI commands for analysis (analyze, plot, sweep, compare), registered on the main app.
-
-Each command is a thin shell over a library function; ``ipw_async.cli`` is imported inside
-the functions because it imports this module to register them.
-"""
+"""``analyze``, ``plot``, ``sweep`` and ``compare``: thin shells over the analysis library."""
 
 from __future__ import annotations
 
@@ -10,14 +6,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from .sweep import SweepResult
+from ._common import err, fail, fmt, out
+from .options import parse_run_args, run_config
 
-out = Console(highlight=False, soft_wrap=True)  # one line per message, even in a narrow log
+if TYPE_CHECKING:
+    from ..analysis.sweep import SweepResult
 
 RunDirArg = Annotated[
     Path,
@@ -25,16 +21,6 @@ RunDirArg = Annotated[
         help="A run directory written by `ipw-async run` (it holds records.arrow).", show_default=False
     ),
 ]
-
-
-def _fail(message: str) -> typer.Exit:
-    from ..cli import fail
-
-    return fail(message)
-
-
-def _fmt(value: float | None, spec: str = ".3g", unit: str = "") -> str:
-    return "—" if value is None else f"{value:{spec}}{unit}"
 
 
 def analyze(
@@ -65,13 +51,13 @@ def analyze(
 
     Writes RUN_DIR/analysis/<name>.json. Works on partial runs too: a figure that needs a missing file is null, with the reason beside it.
     """
-    from .analyses import analyze as analyze_run
-    from .latency import parse_slo
+    from ..analysis.analyses import analyze as analyze_run
+    from ..analysis.latency import parse_slo
 
     try:  # RunDirError (no run there) is a ValueError too
         results = analyze_run(run_dir, analysis, scorer=scorer, slo=parse_slo(slo))
     except ValueError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     _print_analysis(results)
     out.print(f"written: {', '.join(f'analysis/{n}.json' for n in results)} in {run_dir}")
 
@@ -80,25 +66,25 @@ def _print_analysis(results: dict[str, dict[str, Any]]) -> None:
     if "accuracy" in results:
         acc = results["accuracy"]
         out.print(
-            f"accuracy {_fmt(acc['accuracy'], '.1%')} ({acc['correct']} of {acc['scored']} scored, "
+            f"accuracy {fmt(acc['accuracy'], '.1%')} ({acc['correct']} of {acc['scored']} scored, "
             f"{acc['unscored']} unscored)"
         )
         for meter, rep in acc["energy"].items():
             out.print(
-                f"  {meter}: {_fmt(rep['energy_j']['mean'], ',.3g', ' J')}/query, "
-                f"{_fmt(rep['power_w']['mean'], ',.3g', ' W')}, IPJ {_fmt(rep['ipj'])}, IPW {_fmt(rep['ipw'])}"
+                f"  {meter}: {fmt(rep['energy_j']['mean'], ',.3g', ' J')}/query, "
+                f"{fmt(rep['power_w']['mean'], ',.3g', ' W')}, IPJ {fmt(rep['ipj'])}, IPW {fmt(rep['ipw'])}"
                 + (f" ({rep['energy_j']['imputed']} imputed)" if rep["energy_j"]["imputed"] else "")
             )
     good = results.get("latency", {}).get("goodput")
     if good:
         out.print(
-            f"goodput {_fmt(good['goodput_rps'], ',.3g', ' req/s')}: {good['met']} of {good['measured']} "
-            f"requests ({_fmt(good['fraction'], '.1%')}) meet every SLO"
+            f"goodput {fmt(good['goodput_rps'], ',.3g', ' req/s')}: {good['met']} of {good['measured']} "
+            f"requests ({fmt(good['fraction'], '.1%')}) meet every SLO"
         )
     for meter, rep in results.get("energy", {}).get("meters", {}).items():
         if rep.get("phases"):
             split = ", ".join(f"{k} {v['energy_j']:,.1f} J" for k, v in rep["phases"].items())
-            out.print(f"  {meter} by phase: {split} (deviation from total {_fmt(rep['deviation'], '.1e')})")
+            out.print(f"  {meter} by phase: {split} (deviation from total {fmt(rep['deviation'], '.1e')})")
 
 
 def plot(
@@ -112,13 +98,13 @@ def plot(
 
     A plot whose data the run does not have is skipped, with the reason printed.
     """
-    from .plots import plot_run
-    from .rundir import RunDirError
+    from ..analysis.plots import plot_run
+    from ..analysis.rundir import RunDirError
 
     try:
         report = plot_run(run_dir, output)
     except RunDirError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     for path in report.written:
         out.print(f"wrote {path}")
     for name, reason in report.skipped.items():
@@ -131,7 +117,7 @@ def _numbers(text: str | None, kind: type, flag: str) -> list[Any] | None:
     try:
         return [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise _fail(f"{flag} takes a comma-separated list of numbers, e.g. 1,2,4,8") from None
+        raise fail(f"{flag} takes a comma-separated list of numbers, e.g. 1,2,4,8") from None
 
 
 def sweep(
@@ -187,14 +173,13 @@ def sweep(
 
     Writes raw_runs.csv, summary_stats.csv/.json, the Pareto frontiers, summary.json (levels accepted or rejected by the constraints, and the best) and plots under OUTPUT_DIR/sweep/. Ctrl-C stops the sweep and still writes the results of the runs that finished.
     """
-    from ..cli import config_from_options, run_options
-    from .sweep import default_sweep_dir, run_sweep
+    from ..analysis.sweep import default_sweep_dir, run_sweep
 
     try:
-        options = run_options(ctx.args)
+        options = parse_run_args(ctx.args)
     except typer.TyperException as exc:  # typer's own click: a bad or unknown run option
-        raise _fail(f"{exc.format_message()} (in the run options passed through to each run)") from None
-    base = config_from_options(options)
+        raise fail(f"{exc.format_message()} (in the run options passed through to each run)") from None
+    base = run_config(options)
     out_dir = output_dir or default_sweep_dir(base)
     constraints = {
         "max_ttft_ms": max_ttft_ms,
@@ -216,22 +201,19 @@ def sweep(
             progress=None if quiet else _progress_line,
         )
     except ValueError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     if not quiet:
         out.print(_sweep_table(result))
         for name, reason in result.plots.skipped.items():
             out.print(f"[yellow]plot skipped[/] {name}: {reason}")
     if result.interrupted:
-        from ..cli import err
-
         err.print(f"[yellow]interrupted:[/] results of the runs that finished are in {result.sweep_dir}")
         raise typer.Exit(130)
     raise typer.Exit(0 if result.summary["counts"]["runs_failed"] == 0 else 1)
 
 
 def _progress_line(row: dict[str, Any], done: int, total: int) -> None:
-    from ..cli import err
-    from .compare import format_figure
+    from ..analysis.compare import format_figure
 
     head = f"{'[simulated] ' if row['simulated'] else ''}[{done}/{total}] {row['level']} r{row['repeat']} seed {row['seed']}"
     if row["status"] != "ok":
@@ -258,10 +240,10 @@ def _sweep_table(result: SweepResult) -> Table:
         table.add_row(
             lv["level"],
             f"{lv['ok_runs']}/{lv['runs']}",
-            f"{_fmt(s['j_per_query']['mean'], ',.3g')} ± {_fmt(s['j_per_query']['ci95'], '.2g')}",
-            f"{_fmt(s['j_per_token']['mean'], ',.3g')} ± {_fmt(s['j_per_token']['ci95'], '.2g')}",
-            _fmt(s["throughput_tok_s"]["mean"], ",.0f"),
-            _fmt(s["ttft_p50_s"]["mean"] and s["ttft_p50_s"]["mean"] * 1000, ",.1f", " ms"),
+            f"{fmt(s['j_per_query']['mean'], ',.3g')} ± {fmt(s['j_per_query']['ci95'], '.2g')}",
+            f"{fmt(s['j_per_token']['mean'], ',.3g')} ± {fmt(s['j_per_token']['ci95'], '.2g')}",
+            fmt(s["throughput_tok_s"]["mean"], ",.0f"),
+            fmt(s["ttft_p50_s"]["mean"] and s["ttft_p50_s"]["mean"] * 1000, ",.1f", " ms"),
             "accepted" if lv["accepted"] else "rejected: " + "; ".join(lv["reasons"]),
         )
     return table
@@ -274,13 +256,13 @@ def compare(
     ],
 ) -> None:
     """Show the headline figures of several runs side by side ('—' where a run did not measure one)."""
-    from .compare import compare_runs, compare_table
-    from .rundir import RunDirError
+    from ..analysis.compare import compare_runs, compare_table
+    from ..analysis.rundir import RunDirError
 
     try:
         compared = compare_runs(run_dirs)
     except RunDirError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     out.print(compare_table(compared))
 
 

@@ -1,0 +1,41 @@
+"""The ``ipw-async`` command line: a thin layer over the library functions."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from . import analysis, run
+from ._common import Debug, err
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Benchmark LLM inference cost under concurrent load: latency, throughput and per-query energy.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _main(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show full tracebacks instead of one-line errors.")
+    ] = False,
+) -> None:
+    Debug.on = debug
+
+
+run.register(app)
+analysis.register(app)
+
+
+def main() -> None:
+    try:
+        app()
+    except Exception as exc:  # the last line of defence: one sentence, not a traceback
+        if Debug.on:
+            raise
+        err.print(f"[bold red]error:[/] {exc} (rerun with --debug for the traceback)")
+        sys.exit(2)

@@ -1,0 +1,93 @@
+"""Command-line options built from the library's config dataclasses, so each option is defined
+once: beside the field it sets (see :mod:`ipw_async._options`). ``run`` and ``sweep`` share the
+run options through here."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from .._options import options_of
+from ..runs import RunConfig
+from ._common import fail
+
+DISPLAY_PARAMETERS = [
+    inspect.Parameter(
+        "no_dashboard",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=False,
+        annotation=Annotated[
+            bool, typer.Option("--no-dashboard", help="Plain progress lines instead of the live dashboard.")
+        ],
+    ),
+    inspect.Parameter(
+        "quiet",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=False,
+        annotation=Annotated[bool, typer.Option("--quiet", "-q", help="No progress output; only errors.")],
+    ),
+]
+
+
+def parameters(cls: type) -> list[inspect.Parameter]:
+    """One keyword parameter per field of ``cls`` that has an option, typed for typer."""
+    hints = typing.get_type_hints(cls)
+    params = []
+    for f, opt in options_of(cls):
+        kind = opt.cli_type if opt.cli_type is not None else hints[f.name]
+        info = typer.Option(*opt.flags, help=opt.help, envvar=opt.envvar, show_default=opt.show_default)
+        default = None if f.default is dataclasses.MISSING else f.default
+        params.append(
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, info]
+            )
+        )
+    return params
+
+
+def values_for(cls: type, options: dict[str, Any]) -> dict[str, Any]:
+    """The field values of ``cls`` from parsed options; a value that cannot be used is a
+    one-line error."""
+    values = {}
+    for f, opt in options_of(cls):
+        value = options[f.name]
+        if opt.parse is not None:
+            try:
+                value = opt.parse(value)
+            except ValueError as exc:
+                raise fail(str(exc)) from None
+        values[f.name] = value
+    return values
+
+
+def with_parameters(func: Callable[..., Any], extra: list[inspect.Parameter]) -> Callable[..., Any]:
+    """``func`` (taking ``**options``) with ``extra`` added to the parameters typer sees."""
+    own = [p for p in inspect.signature(func).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    func.__signature__ = inspect.Signature([*own, *extra])  # type: ignore[attr-defined]
+    func.__annotations__ = {p.name: p.annotation for p in [*own, *extra]}
+    return func
+
+
+RUN_PARAMETERS = parameters(RunConfig) + DISPLAY_PARAMETERS
+
+
+def run_config(options: dict[str, Any]) -> RunConfig:
+    """A RunConfig from the run options as parsed."""
+    return RunConfig(**values_for(RunConfig, options))
+
+
+def parse_run_args(args: list[str]) -> dict[str, Any]:
+    """Parse run options given to another command (``sweep`` passes them through)."""
+
+    def run_options(**options: Any) -> None: ...
+
+    app = typer.Typer()
+    app.command()(with_parameters(run_options, RUN_PARAMETERS))
+    command = typer.main.get_command(app)
+    with command.make_context("run", list(args)) as ctx:
+        return dict(ctx.params)

@@ -1,0 +1,133 @@
+"""``run``, ``finalize`` and ``sim``: thin shells over :func:`run_benchmark`, :func:`finalize`
+and the simulator's :func:`serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..runs import RunAborted, RunConfig, RunDirError, RunError, finalize, run_benchmark
+from ..runs.session import Display
+from ..sim import EngineConfig, Faults, SimConfig, serve
+from ._common import Debug, err, fail, out
+from .options import RUN_PARAMETERS, parameters, run_config, values_for, with_parameters
+
+
+def display_for(dashboard: bool, quiet: bool) -> Display:
+    """The live dashboard on a terminal; plain lines in a log or pipe; nothing with --quiet."""
+    from ..progress import LinesDisplay
+
+    if dashboard and not quiet and sys.stderr.isatty():
+        from ..dashboard import Dashboard
+
+        return Dashboard()
+    return LinesDisplay(quiet=quiet)
+
+
+def execute(config: RunConfig, display: Display) -> int:
+    """Run with one-line errors; the exit code says how it ended (0 ok, 1 partial, 2 unusable, 130 ^C)."""
+    try:
+        result = asyncio.run(run_benchmark(config, display))
+    except RunError as exc:
+        if Debug.on:
+            raise
+        err.print(f"[bold red]error:[/] {exc}")
+        return 1 if isinstance(exc, RunAborted) else 2
+    except KeyboardInterrupt:
+        err.print(
+            "[yellow]interrupted:[/] the records measured so far are on disk (summary says complete: false)"
+        )
+        return 130
+    return 0 if result.complete else 1
+
+
+def run(ctx: typer.Context, **options: Any) -> None:
+    """Stream requests at a fixed concurrency or arrival rate; measure latency and per-query energy.
+
+    With no --base-url this starts the built-in simulator (a real HTTP server in its own
+    process, with a simulated device) and labels everything as simulated.
+    """
+    config = run_config(options)
+    raise typer.Exit(execute(config, display_for(not options["no_dashboard"], options["quiet"])))
+
+
+def finalize_command(
+    run_dir: Annotated[
+        Path, typer.Argument(help="A run directory written by `ipw-async run`.", show_default=False)
+    ],
+    attribution: Annotated[
+        str | None,
+        typer.Option(help="Attribution rule: tokens, equal or window. Default: the run's own."),
+    ] = None,
+    prefill_weight: Annotated[
+        float | None,
+        typer.Option(
+            help="tokens rule: work of a prompt token relative to an output token. Default: the run's."
+        ),
+    ] = None,
+    baseline_w: Annotated[
+        float | None,
+        typer.Option(help="Idle accelerator power in watts, instead of the run's measured baseline."),
+    ] = None,
+) -> None:
+    """Re-attribute a run's energy from its own files, with other settings, without re-running it.
+
+    Rewrites records.arrow (energy columns), traces.jsonl and summary.json; every other figure
+    stays as measured. With no options it reproduces the run's own energy figures exactly.
+    """
+    from ..report import summary_table
+
+    try:
+        result = finalize(
+            run_dir, attribution=attribution, prefill_weight=prefill_weight, baseline_w=baseline_w
+        )
+    except (RunDirError, ValueError) as exc:  # ValueError: an unknown rule
+        raise fail(str(exc)) from None
+    out.print(summary_table(result.summary, str(result.run_dir)))
+
+
+def sim(**options: Any) -> None:
+    """Serve the built-in SIMULATED OpenAI-compatible server and device until Ctrl-C."""
+    host, port = options["host"], options["port"]
+    try:
+        config = SimConfig(
+            engine=EngineConfig(**values_for(EngineConfig, options)),
+            faults=Faults(**values_for(Faults, options)),
+            **values_for(SimConfig, options),
+        )
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    try:
+        asyncio.run(serve(config, host, port))
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+SIM_ADDRESS = [
+    inspect.Parameter(
+        "host",
+        inspect.Parameter.KEYWORD_ONLY,
+        default="127.0.0.1",
+        annotation=Annotated[str, typer.Option(help="Address to listen on (loopback by default).")],
+    ),
+    inspect.Parameter(
+        "port",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=8000,
+        annotation=Annotated[int, typer.Option(help="Port (0: any free port).")],
+    ),
+]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(with_parameters(run, RUN_PARAMETERS))
+    app.command("finalize")(finalize_command)
+    sim_parameters = SIM_ADDRESS + parameters(SimConfig) + parameters(EngineConfig) + parameters(Faults)
+    app.command("sim")(with_parameters(sim, sim_parameters))

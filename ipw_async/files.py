@@ -1,0 +1,195 @@
+"""The files of a run directory: Arrow IPC streams readable at every moment, and JSON.
+
+``records.arrow`` and ``telemetry.arrow`` are Arrow IPC *streams*, written batch by batch as a
+run goes: plain pyarrow (``ipc.open_stream``), polars (``read_ipc_stream``) and HF datasets
+(``Dataset.from_file``) read them while the run is live and after it died. Each batch reaches
+the file in one ``write`` call, so a killed process leaves whole batches behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import polars as pl
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from .records import RequestRecord, records_frame
+
+RUN = "run.json"
+RECORDS = "records.arrow"
+TELEMETRY = "telemetry.arrow"
+TRACES = "traces.jsonl"
+SUMMARY = "summary.json"
+
+_FILE_MAGIC = b"ARROW1"  # an Arrow IPC *file* (footer and all): what earlier versions wrote
+
+
+def to_arrow(frame: pl.DataFrame) -> pa.Table:
+    # Oldest compat level: large_string/large_list rather than view types, so every Arrow
+    # reader (pyarrow, DuckDB, R arrow, older polars, HF datasets) opens the file.
+    return frame.to_arrow(compat_level=pl.CompatLevel.oldest())
+
+
+class _Chunks:
+    """A write-only file object that keeps what pyarrow writes until it is taken."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def take(self) -> bytes:
+        data, self.parts = b"".join(self.parts), []
+        return data
+
+
+class StreamWriter:
+    """Appends tables to an Arrow IPC stream file; the schema is on disk from the start."""
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self.path = path
+        self.schema = schema
+        self.rows = 0
+        self._chunks = _Chunks()
+        self._writer = ipc.new_stream(pa.PythonFile(self._chunks, mode="w"), schema)
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # the schema (and an empty batch) on disk now: readers open the file from its start
+        self._writer.write_batch(pa.RecordBatch.from_pylist([], schema=schema))
+        self._emit()
+
+    def _emit(self) -> None:
+        data = memoryview(self._chunks.take())
+        assert self._fd is not None, "write after close"
+        while data:
+            data = data[os.write(self._fd, data) :]
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._writer.write_table(table.cast(self.schema))
+            self._emit()
+            self.rows += table.num_rows
+
+    def close(self) -> None:
+        if self._fd is None:
+            return
+        self._writer.close()  # the end-of-stream marker
+        self._emit()
+        os.close(self._fd)
+        self._fd = None
+
+
+def write_frame(frame: pl.DataFrame, path: Path) -> None:
+    """Write a whole frame as an Arrow IPC stream, atomically: readers never see half of it."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    table = to_arrow(frame)
+    writer = StreamWriter(tmp, table.schema)
+    writer.write(table)
+    writer.close()
+    os.replace(tmp, path)
+
+
+class PartialFileError(ValueError):
+    """An Arrow file that ends inside a batch: written by a process that died mid-write."""
+
+
+def read_arrow(path: str | Path, partial_ok: bool = False) -> pl.DataFrame:
+    """Read a run's Arrow file (stream, or the IPC file format of earlier versions).
+
+    A stream that ends inside a batch raises :class:`PartialFileError`, unless ``partial_ok``
+    (recovering a run that died), where the whole batches before it are returned.
+    """
+    path = Path(path)
+    with path.open("rb") as f:
+        if f.read(len(_FILE_MAGIC)) == _FILE_MAGIC:
+            return pl.read_ipc(path, memory_map=False)
+    reader = ipc.open_stream(pa.OSFile(str(path), "rb"))
+    batches = []
+    try:
+        for batch in reader:
+            batches.append(batch)
+    except (pa.ArrowInvalid, OSError) as exc:
+        if not partial_ok:
+            raise PartialFileError(
+                f"{path} ends inside a batch ({len(batches)} whole batches before it): "
+                "its writer died mid-write"
+            ) from exc
+    return pl.from_arrow(pa.Table.from_batches(batches, schema=reader.schema))  # type: ignore[return-value]
+
+
+RECORDS_SCHEMA = to_arrow(records_frame([])).schema
+
+
+class RecordWriter:
+    """Appends records to ``records.arrow`` in batches, off the event loop.
+
+    :meth:`add` asks for a flush every ``batch_size`` records; the run's session also flushes
+    on a timer, so records finished during a long stall reach the disk too.
+    """
+
+    # Building a frame from Python rows holds the GIL for the whole C call: slices keep each
+    # hold to a few ms, so the event loop's thread is never locked out for long.
+    SLICE = 32
+
+    def __init__(self, path: Path, batch_size: int = 256) -> None:
+        self.batch_size = batch_size
+        self._stream = StreamWriter(path, RECORDS_SCHEMA)
+        self._pending: list[RequestRecord] = []
+        self._lock = anyio.Lock()
+
+    @property
+    def written(self) -> int:
+        return self._stream.rows
+
+    def add(self, record: RequestRecord) -> bool:
+        """Queue a record; True when a flush is due."""
+        self._pending.append(record)
+        return len(self._pending) >= self.batch_size
+
+    def _write(self, records: list[RequestRecord]) -> None:
+        for start in range(0, len(records), self.SLICE):
+            self._stream.write(to_arrow(records_frame(records[start : start + self.SLICE])))
+
+    async def flush(self) -> None:
+        async with self._lock:
+            records, self._pending = self._pending, []
+            if records:
+                await anyio.to_thread.run_sync(self._write, records)
+
+    async def close(self) -> None:
+        await self.flush()
+        async with self._lock:
+            self._stream.close()
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN or infinity: a figure that is not a number is null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_clean(payload), indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())

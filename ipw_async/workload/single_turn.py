@@ -1,0 +1,32 @@
+"""The classic benchmark: one streaming request per query of a dataset."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+from . import Executor, WorkUnit
+from .datasets import Dataset
+
+
+class SingleTurn:
+    """One request per query, cycling through the dataset as often as the run needs."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        self.name = dataset.name
+        self.scorer = dataset.scorer
+        self._queries = dataset.cycle()
+        self._ids = itertools.count()
+
+    def size(self) -> int:
+        return len(self.dataset)
+
+    def units(self, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
+        drawn = self._queries if count is None else itertools.islice(self._queries, count)
+        for query in drawn:
+            yield WorkUnit(next(self._ids), query, warmup)
+
+    async def perform(self, unit: WorkUnit, executor: Executor, scheduled_ns: int) -> None:
+        record = executor.new_record(unit, scheduled_ns, unit.query.prompt)
+        await executor.request(record, executor.body(unit.query, self.dataset.stop))
