@@ -88,6 +88,10 @@ def finalize_command(
         )
     except (RunDirError, ValueError) as exc:  # ValueError: an unknown rule
         raise fail(str(exc)) from None
+    rule, own = result.summary["energy"].get("rule"), result.summary["config"]["attribution"]
+    if rule is not None:
+        whose = "the run's own" if rule == own else f"the run used {own}"
+        out.print(f"energy attributed by the {rule} rule ({whose})")
     out.print(summary_table(result.summary, str(result.run_dir)))
 
 
