@@ -1,0 +1,240 @@
+"""Every option of a run, in one place: the fields, their defaults, their help, their rules.
+
+``ipw-async run`` builds its flags from the fields that carry an :func:`option`; the fields
+without one (``runs_root``, ``dataset_seed``, ``tail_s``, ``abort_after_connect_errors``,
+``sim``) are for Python callers and the sweep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._options import option
+from ..energy import RULES
+from ..load import LoadSpec
+from ..scoring import SCORERS
+from ..sim import SimConfig
+from .errors import RunError
+
+
+def parse_params(items: list[str] | None) -> dict[str, Any]:
+    """``key=value`` pairs; a value that parses as JSON is used as JSON (numbers, true, lists)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--param {item!r} is not key=value")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _gpu_list(text: str | None) -> list[str] | None:
+    return [g.strip() for g in text.split(",") if g.strip()] if text else None
+
+
+@dataclass
+class RunConfig:
+    """One benchmark run. The run's ``seed`` seeds arrivals, synthetic data and the simulator."""
+
+    base_url: str | None = field(
+        default=None,
+        metadata=option(
+            "OpenAI-compatible API base, e.g. http://localhost:8000/v1. Omit to start the built-in simulator."
+        ),
+    )
+    model: str | None = field(
+        default=None, metadata=option("Model name to request; default: the server's first model.")
+    )
+    endpoint: str = field(
+        default="chat", metadata=option("chat (/chat/completions) or completions (/completions).")
+    )
+    api_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata=option(
+            "API key. Never written to any file or log.",
+            envvar="OPENAI_API_KEY",
+            parse=lambda key: key or None,
+            show_default=False,
+        ),
+    )
+    dataset: str = field(
+        default="qa",
+        metadata=option(
+            "qa (built-in questions with answers), synthetic (controlled lengths), or a .jsonl/.csv/.parquet/.arrow file."
+        ),
+    )
+    prompt_column: str = field(
+        default="prompt", metadata=option("Column holding the prompt in a dataset file.")
+    )
+    answer_column: str = field(
+        default="answer", metadata=option("Column holding the reference answer (optional).")
+    )
+    scorer: str | None = field(
+        default=None, metadata=option("exact, contains, numeric or choice; default: the dataset's.")
+    )
+    prompt_tokens: int = field(default=256, metadata=option("synthetic: median prompt length in tokens."))
+    output_tokens: int = field(default=128, metadata=option("synthetic: median output length in tokens."))
+    length_sigma: float = field(
+        default=0.5, metadata=option("synthetic: lognormal sigma of both lengths (0 = fixed).")
+    )
+    concurrency: int | None = field(
+        default=None,
+        metadata=option(
+            "Closed loop: keep exactly N requests in flight (default 16).", "--concurrency", "-c"
+        ),
+    )
+    rate: float | None = field(
+        default=None, metadata=option("Open loop: send R requests per second instead.")
+    )
+    arrival: str = field(
+        default="poisson", metadata=option("Open-loop arrivals: poisson, gamma or constant.")
+    )
+    burstiness: float = field(
+        default=1.0, metadata=option("Gamma shape: <1 burstier than Poisson, >1 more regular.")
+    )
+    max_concurrency: int | None = field(
+        default=None, metadata=option("Open loop: cap on requests in flight.")
+    )
+    warmup: int = field(
+        default=0, metadata=option("Requests to run first, flagged and left out of statistics.")
+    )
+    max_queries: int | None = field(
+        default=None,
+        metadata=option("Requests to measure (default: one pass over the dataset).", "--max-queries", "-n"),
+    )
+    duration: float | None = field(default=None, metadata=option("Stop sending after this many seconds."))
+    seed: int = field(default=0, metadata=option("Seed for arrivals, synthetic data and the simulator."))
+    dataset_seed: int | None = None  # synthetic lengths; default: seed (a sweep holds it fixed)
+    max_tokens: int = field(
+        default=256, metadata=option("max_tokens for each request (synthetic sets its own).")
+    )
+    temperature: float | None = field(default=0.0, metadata=option("Sampling temperature."))
+    params: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=option(
+            "Extra request field key=value (JSON values allowed); repeatable.",
+            "--param",
+            cli_type=list[str] | None,
+            parse=parse_params,
+        ),
+    )
+    connect_timeout: float = field(default=10.0, metadata=option("Seconds to wait for a connection."))
+    read_timeout: float = field(
+        default=300.0, metadata=option("Seconds to wait between bytes of a response.")
+    )
+    output_dir: Path | None = field(
+        default=None,
+        metadata=option(
+            "Run directory (default ./runs/<UTC time>_<model>_<dataset>_<load>).", "--output-dir", "-o"
+        ),
+    )
+    runs_root: Path = Path("runs")
+    overwrite: bool = field(
+        default=False,
+        metadata=option("Replace an existing run directory's files (its analyses and plots too)."),
+    )
+    telemetry: str = field(
+        default="auto", metadata=option("auto, none, or a list from nvml,rapl,psutil,cpu-model,sim.")
+    )
+    gpus: list[str] | None = field(
+        default=None,
+        metadata=option(
+            "GPUs to measure by index or UUID, comma-separated (default all).",
+            cli_type=str | None,
+            parse=_gpu_list,
+        ),
+    )
+    sample_ms: float = field(default=50.0, metadata=option("Telemetry sampling period in milliseconds."))
+    realtime_sampler: bool = field(
+        default=True,
+        metadata=option(
+            "Ask the OS to run the sampler thread at real-time priority (needs root or "
+            "CAP_SYS_NICE; refused quietly otherwise, and the summary says which it got)."
+        ),
+    )
+    counter_probe_s: float = field(
+        default=1.0,
+        metadata=option(
+            "Seconds of 2 ms reads, at the start and every 20 s, to learn when each energy "
+            "counter updates so its reads are timed exactly (0: time them to the midpoint between reads)."
+        ),
+    )
+    baseline_s: float = field(
+        default=1.0, metadata=option("Seconds of idle power to measure before the run (0: none).")
+    )
+    baseline_w: float | None = field(
+        default=None, metadata=option("Idle accelerator power in watts, instead of measuring it.")
+    )
+    attribution: str = field(
+        default="tokens",
+        metadata=option(
+            "How overlapping queries share energy: tokens (by work), equal, or window (whole-window, over-counts)."
+        ),
+    )
+    prefill_weight: float = field(
+        default=0.25, metadata=option("tokens rule: work of a prompt token relative to an output token.")
+    )
+    tail_s: float = 0.5  # telemetry kept after the last request, so its energy is covered
+    abort_after_connect_errors: int = 16
+    sim: SimConfig = field(default_factory=SimConfig)
+
+    @property
+    def simulated(self) -> bool:
+        return self.base_url is None
+
+    def load_spec(self) -> LoadSpec:
+        """The load; raises RunError for an impossible one."""
+        concurrency = self.concurrency
+        if concurrency is None and self.rate is None:
+            concurrency = 16
+        try:
+            return LoadSpec(concurrency, self.rate, self.arrival, self.burstiness, self.max_concurrency)
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
+
+    def sim_config(self) -> SimConfig:
+        """The built-in simulator's config: the run's seed seeds it, from Python as from the CLI."""
+        return dataclasses.replace(self.sim, seed=self.seed)
+
+    def validate(self) -> LoadSpec:
+        """Check every option that can be checked before anything starts; the load spec."""
+        spec = self.load_spec()
+        checks = (
+            (self.endpoint in ("chat", "completions"), "--endpoint must be chat or completions"),
+            (self.max_queries is None or self.max_queries >= 1, "--max-queries must be at least 1"),
+            (self.duration is None or self.duration > 0, "--duration must be a positive number of seconds"),
+            (self.warmup >= 0, "--warmup cannot be negative"),
+            (
+                self.scorer is None or self.scorer in SCORERS,
+                f"unknown scorer {self.scorer!r}; choose one of {', '.join(SCORERS)}",
+            ),
+            (self.sample_ms > 0, "--sample-ms must be positive"),
+            (self.counter_probe_s >= 0, "--counter-probe-s cannot be negative"),
+            (
+                self.attribution in RULES,
+                f"unknown attribution rule {self.attribution!r}; choose one of {', '.join(RULES)}",
+            ),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise RunError(message)
+        return spec
+
+    def public(self) -> dict[str, Any]:
+        """The config as written to run.json and summary.json: never the API key."""
+        out = dataclasses.asdict(self)
+        out.pop("api_key")
+        out["api_key_set"] = self.api_key is not None
+        if self.base_url is None:
+            out["sim"] = dataclasses.asdict(self.sim_config())
+        else:
+            out.pop("sim")
+        return out

@@ -1,0 +1,171 @@
+"""The run directory is the run: ``run.json`` first, then records and telemetry as they come.
+
+``run.json`` holds what finishing needs besides the data: the config (no secrets), the clock
+anchor, the load, the workload, every telemetry meter with its counter grids, the baseline
+window, counter resets and wraps as they happen, and, once the run ends, how it ended. It is
+rewritten atomically whenever one of those changes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import socket
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import files
+from .._clock import NS, ClockAnchor
+from ..telemetry.base import Meter
+from .errors import RunError
+
+FORMAT = 1
+
+
+class RunDirError(ValueError):
+    """A directory that is not (or not enough of) a run; the message says which file is missing."""
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]+", "-", text).strip("-")[:40] or "x"
+
+
+def default_run_dir(root: Path, model: str, dataset: str, label: str) -> Path:
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return root / f"{stamp}_{slug(model)}_{slug(dataset)}_{label}"
+
+
+def prepare(path: Path, overwrite: bool) -> None:
+    """An empty directory for a new run; with ``overwrite``, an old run's files go first."""
+    if path.exists() and any(path.iterdir()):
+        if not overwrite:
+            raise RunError(f"{path} already holds a run; choose another --output-dir or pass --overwrite")
+        for name in (files.RUN, files.RECORDS, files.TELEMETRY, files.TRACES, files.SUMMARY):
+            (path / name).unlink(missing_ok=True)
+            (path / f"{name}.tmp").unlink(missing_ok=True)
+        for derived in ("analysis", "plots"):  # made from the old run: stale beside a new one
+            shutil.rmtree(path / derived, ignore_errors=True)
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": sys.version.split()[0]}
+    for pkg in ("ipw-async", "httpx", "aiohttp", "polars", "pyarrow", "numpy", "nvidia-ml-py"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def host() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+@dataclass
+class Manifest:
+    """The contents of ``run.json``."""
+
+    config: dict[str, Any]
+    anchor: ClockAnchor
+    simulated: bool
+    model: str
+    base_url: str | None
+    workload: dict[str, Any]  # kind, dataset name, scorer
+    load: dict[str, Any]
+    sources: dict[str, str] = field(default_factory=dict)  # opened telemetry source -> description
+    skipped: dict[str, str] = field(default_factory=dict)  # telemetry source -> why not
+    meters: list[Meter] = field(default_factory=list)
+    sample_ms: float = 50.0
+    probe_s: float = 1.0
+    baseline_window_ns: tuple[int, int] | None = None
+    counter_events: dict[str, dict[str, int]] = field(default_factory=dict)
+    end: dict[str, Any] | None = None  # how the run ended; None while it runs (or after a crash)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    versions: dict[str, str | None] = field(default_factory=versions)
+    host: dict[str, Any] = field(default_factory=host)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "run_id": self.run_id,
+            "simulated": self.simulated,
+            "model": self.model,
+            "base_url": self.base_url,
+            "clock": {
+                "t0_monotonic_ns": self.anchor.monotonic_ns,
+                "t0_unix_ns": self.anchor.unix_ns,
+                "unit": "ns since t0",
+            },
+            "started_at": dt.datetime.fromtimestamp(self.anchor.unix_ns / NS, dt.UTC).isoformat(),
+            "workload": self.workload,
+            "load": self.load,
+            "telemetry": {
+                "sources": self.sources,
+                "skipped": self.skipped,
+                "meters": [m.as_dict() for m in self.meters],
+                "sample_ms": self.sample_ms,
+                "probe_s": self.probe_s,
+                "counter_events": self.counter_events,
+            },
+            "baseline_window_ns": list(self.baseline_window_ns) if self.baseline_window_ns else None,
+            "end": self.end,
+            "config": self.config,
+            "versions": self.versions,
+            "host": self.host,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        tel = data["telemetry"]
+        window = data.get("baseline_window_ns")
+        return cls(
+            config=data["config"],
+            anchor=ClockAnchor(data["clock"]["t0_monotonic_ns"], data["clock"]["t0_unix_ns"]),
+            simulated=data["simulated"],
+            model=data["model"],
+            base_url=data["base_url"],
+            workload=data["workload"],
+            load=data["load"],
+            sources=tel["sources"],
+            skipped=tel["skipped"],
+            meters=[Meter.from_dict(m) for m in tel["meters"]],
+            sample_ms=tel["sample_ms"],
+            probe_s=tel["probe_s"],
+            baseline_window_ns=(int(window[0]), int(window[1])) if window else None,
+            counter_events=tel.get("counter_events", {}),
+            end=data.get("end"),
+            run_id=data["run_id"],
+            versions=data["versions"],
+            host=data["host"],
+        )
+
+    def write(self, run_dir: Path) -> None:
+        files.write_json(run_dir / files.RUN, self.as_dict())
+
+    @classmethod
+    def read(cls, run_dir: Path) -> Manifest:
+        path = run_dir / files.RUN
+        if not run_dir.is_dir():
+            raise RunDirError(f"{run_dir} is not a directory")
+        if not path.is_file():
+            raise RunDirError(
+                f"{run_dir} holds no {files.RUN}: it is not a run directory, or an ipw-async older "
+                "than 0.2 wrote it"
+            )
+        try:
+            return cls.from_dict(files.read_json(path))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RunDirError(f"{path} is not a run description ipw-async can read ({exc})") from None

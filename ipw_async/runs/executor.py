@@ -1,0 +1,102 @@
+"""Runs units of work for a workload: holds the client, the record writer and the live state."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+
+from .._clock import now_ns
+from ..client import StreamingClient
+from ..files import RecordWriter
+from ..records import ErrorType, RequestRecord, Status
+from ..scoring import score
+from ..state import RunState
+from ..workload import Query, WorkUnit, Workload
+
+
+class Executor:
+    """Performs each unit the load driver hands it, through its workload.
+
+    It keeps every record (the writer streams them to disk as they finish) and stops the run
+    when the server refuses ``abort_after`` connections in a row: a server that is gone would
+    otherwise fail every request that remains.
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        client: StreamingClient,
+        model: str,
+        writer: RecordWriter,
+        state: RunState,
+        *,
+        scorer: str | None,
+        server: str,
+        abort_after: int,
+    ) -> None:
+        self.workload = workload
+        self.client = client
+        self.model = model
+        self.writer = writer
+        self.state = state
+        self.scorer = scorer
+        self.server = server
+        self.abort_after = abort_after
+        self.records: list[RequestRecord] = []
+        self.abort_reason: str | None = None
+        self.aborted = asyncio.Event()
+        self._ids = itertools.count()
+        self._connect_errors = 0
+
+    def units(self, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
+        """The workload's next units, until the run is aborted."""
+        for unit in self.workload.units(count, warmup):
+            if self.aborted.is_set():
+                return
+            yield unit
+
+    async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
+        await self.workload.perform(unit, self, scheduled_ns)
+
+    def new_record(self, unit: WorkUnit, scheduled_ns: int, prompt: str) -> RequestRecord:
+        t0 = self.client.t0_ns
+        record = RequestRecord(
+            request_id=next(self._ids),
+            query_id=unit.query.id,
+            dataset=self.workload.name,
+            prompt=prompt,
+            reference=unit.query.reference,
+            warmup=unit.warmup,
+            scheduled_ns=scheduled_ns - t0,
+            dispatched_ns=now_ns() - t0,
+        )
+        self.records.append(record)
+        return record
+
+    def body(self, query: Query, stop: tuple[str, ...] = ()) -> bytes:
+        return self.client.body(query, self.model, stop)
+
+    async def request(self, record: RequestRecord, body: bytes) -> None:
+        self.state.started()
+        try:
+            await self.client.send(record, body)
+        finally:
+            if record.status is Status.OK:
+                record.correct = score(record.answer, record.reference, self.scorer)
+            self.state.finished(record)
+            self._watch(record)
+            if self.writer.add(record):
+                await self.writer.flush()
+
+    def _watch(self, record: RequestRecord) -> None:
+        if record.error_type is ErrorType.CONNECT:
+            self._connect_errors += 1
+            if self._connect_errors >= self.abort_after and not self.aborted.is_set():
+                self.abort_reason = (
+                    f"the server at {self.server} stopped accepting connections "
+                    f"({self._connect_errors} in a row)"
+                )
+                self.aborted.set()
+        elif record.status is Status.OK:
+            self._connect_errors = 0

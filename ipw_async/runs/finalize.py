@@ -1,0 +1,145 @@
+"""Finishing a run is a function of its directory: attributed records, traces and summary.
+
+``run`` ends by calling :func:`finalize`; ``ipw-async finalize`` calls it on a finished run to
+re-attribute its energy with other settings, and recovery will call it on a run that died.
+It reads nothing but the files in the directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from .. import files
+from ..energy import RULES, AttributionConfig, attribute
+from ..records import RECORD_SCHEMA
+from ..stats import distribution, latency_stats
+from ..traces import traces_from_records, write_traces
+from .directory import Manifest, RunDirError
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict[str, Any]
+    records: pl.DataFrame
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.summary.get("complete"))
+
+
+# How a run that never recorded its end is described (it was killed, or crashed).
+NO_END = {
+    "complete": False,
+    "interrupted": False,
+    "aborted": "the run ended without recording how (killed or crashed)",
+}
+
+
+def finalize(
+    run_dir: str | Path,
+    *,
+    attribution: str | None = None,
+    prefill_weight: float | None = None,
+    baseline_w: float | None = None,
+) -> RunResult:
+    """Attribute energy and write ``records.arrow`` (with energy), ``traces.jsonl`` and
+    ``summary.json`` from the run directory's own files.
+
+    The attribution settings default to the run's own; others re-attribute it (the energy
+    figures change, nothing else). Raises :class:`RunDirError` when the directory lacks what
+    finishing needs.
+    """
+    run_dir = Path(run_dir)
+    manifest = Manifest.read(run_dir)
+    records = _read_records(run_dir)
+    telemetry = _read_telemetry(run_dir, manifest)
+    config = manifest.config
+    rule = attribution or config["attribution"]
+    if rule not in RULES:
+        raise ValueError(f"unknown attribution rule {rule!r}; choose one of {', '.join(RULES)}")
+    energy_section: dict[str, Any] = {
+        "meters": {},
+        "skipped": manifest.skipped,
+        "baseline_window_ns": list(manifest.baseline_window_ns) if manifest.baseline_window_ns else None,
+    }
+    if telemetry is not None and manifest.meters:
+        settings = AttributionConfig(
+            rule=rule,
+            prefill_weight=config["prefill_weight"] if prefill_weight is None else prefill_weight,
+            baseline_w=config["baseline_w"] if baseline_w is None else baseline_w,
+            baseline_window_ns=manifest.baseline_window_ns,
+        )
+        records, section = attribute(telemetry, manifest.meters, records, settings)
+        energy_section |= section
+    files.write_frame(records, run_dir / files.RECORDS)
+    write_traces(run_dir / files.TRACES, traces_from_records(records))
+    summary = _summary(manifest, records, energy_section)
+    files.write_json(run_dir / files.SUMMARY, summary)
+    return RunResult(run_dir=run_dir, summary=summary, records=records)
+
+
+def _read_records(run_dir: Path) -> pl.DataFrame:
+    path = run_dir / files.RECORDS
+    if not path.is_file():
+        raise RunDirError(f"{run_dir} holds no {files.RECORDS}; is it a run directory?")
+    # the measured columns only: energy columns of an earlier finalize are made anew
+    return files.read_arrow(path).select(list(RECORD_SCHEMA)).sort("request_id")
+
+
+def _read_telemetry(run_dir: Path, manifest: Manifest) -> pl.DataFrame | None:
+    path = run_dir / files.TELEMETRY
+    if path.is_file():
+        return files.read_arrow(path)
+    if manifest.meters:
+        raise RunDirError(
+            f"{run_dir} holds no {files.TELEMETRY}, which its energy meters "
+            f"({', '.join(m.channel for m in manifest.meters)}) need"
+        )
+    return None
+
+
+def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) -> dict[str, Any]:
+    run = manifest.as_dict()
+    end = manifest.end or NO_END
+    return {
+        "complete": end["complete"],
+        "simulated": manifest.simulated,
+        "interrupted": end["interrupted"],
+        "aborted": end["aborted"],
+        "run_id": manifest.run_id,
+        "model": manifest.model,
+        "base_url": manifest.base_url,
+        "dataset": manifest.workload["dataset"],
+        "scorer": manifest.workload["scorer"],
+        "clock": run["clock"],
+        "started_at": run["started_at"],
+        **latency_stats(records),
+        "energy": energy | _per_query_energy(records),
+        "telemetry": {
+            "sources": manifest.sources,
+            "skipped": manifest.skipped,
+            "sampler": end.get("sampler"),
+            "counter_events": manifest.counter_events,
+        },
+        "harness": end.get("harness"),
+        "config": manifest.config,
+        "versions": manifest.versions,
+        "host": manifest.host,
+    }
+
+
+def _per_query_energy(records: pl.DataFrame) -> dict[str, Any]:
+    if "energy_j" not in records.columns:
+        return {}
+    ok = records.filter(~pl.col("warmup") & (pl.col("status") == "ok"))
+    energy = ok.get_column("energy_j").drop_nulls()
+    tokens = ok.filter(pl.col("energy_j").is_not_null()).get_column("output_tokens").drop_nulls().sum()
+    return {
+        "per_query_j": distribution(energy.to_numpy()),
+        "j_per_output_token": float(energy.sum()) / tokens if tokens else None,
+    }

@@ -1,0 +1,430 @@
+"""One benchmark run: every lifecycle entered in one stack, the phases as a short sequence.
+
+The simulator, telemetry sources, client, files and background tasks enter one exit stack, so
+every way out (the end, an error, Ctrl-C, a dead server) unwinds the same path: tasks stop,
+the last telemetry is sampled and written, the records file is closed, ``run.json`` says how
+the run ended, the sources close and the simulator stops. Then :func:`finalize` turns the
+directory into attributed records, traces and a summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import anyio
+import numpy as np
+
+from .. import files
+from .._clock import NS, ClockAnchor, now_ns
+from ..client import ClientConfig, StreamingClient, list_models
+from ..load import LoadSpec, drive
+from ..sim import SimConfig, SimulatorProcess
+from ..state import MeterState, Phase, RunState
+from ..stats import distribution
+from ..telemetry import Sampler, TelemetryLog, TelemetrySetup, open_sources
+from ..workload import DatasetError, Workload, resolve
+from ..workload.single_turn import SingleTurn
+from . import directory
+from .config import RunConfig
+from .directory import Manifest
+from .errors import RunAborted, RunError
+from .executor import Executor
+from .finalize import RunResult, finalize
+from .health import HarnessCpu, LoopLag, gc_frozen
+
+FLUSH_S = 1.0  # records and telemetry reach the disk at least this often
+
+
+class Display(Protocol):
+    """Something that shows a run's progress: plain lines, a live dashboard, or nothing."""
+
+    async def run(self, state: RunState) -> None: ...  # until cancelled
+
+    def finish(self, result: RunResult) -> None: ...
+
+    def note(self, message: str) -> None: ...
+
+
+def workload_of(config: RunConfig) -> Workload:
+    """The workload a config describes: single-turn requests over its dataset."""
+    try:
+        dataset = resolve(
+            config.dataset,
+            prompt_column=config.prompt_column,
+            answer_column=config.answer_column,
+            synthetic_n=config.max_queries or 512,
+            prompt_tokens=config.prompt_tokens,
+            output_tokens=config.output_tokens,
+            length_sigma=config.length_sigma,
+            seed=config.seed if config.dataset_seed is None else config.dataset_seed,
+        )
+    except DatasetError as exc:
+        raise RunError(str(exc)) from None
+    return SingleTurn(dataset)
+
+
+async def run_benchmark(
+    config: RunConfig, display: Display | None = None, workload: Workload | None = None
+) -> RunResult:
+    """Run one benchmark and write its directory; raises RunError when it cannot start.
+
+    ``workload`` replaces the one the config describes (its dataset). Interruption (Ctrl-C,
+    cancellation) and a server that goes away still leave every record measured so far on
+    disk, with ``complete: false`` in the summary.
+    """
+    spec = config.validate()
+    session = _Session(config, spec, workload or workload_of(config), display)
+    await session.run()
+    assert session.run_dir is not None
+    result = await anyio.to_thread.run_sync(finalize, session.run_dir)
+    if display is not None:
+        display.finish(result)
+    if session.interrupted is not None:
+        raise session.interrupted
+    if session.abort_reason:
+        count = result.records.height
+        raise RunAborted(f"{session.abort_reason}; {count} records kept in {session.run_dir}")
+    return result
+
+
+def run(config: RunConfig, display: Display | None = None, workload: Workload | None = None) -> RunResult:
+    """Blocking form of :func:`run_benchmark`, for scripts and notebooks without a loop."""
+    return asyncio.run(run_benchmark(config, display, workload))
+
+
+@contextlib.asynccontextmanager
+async def _simulator(config: SimConfig) -> AsyncIterator[SimulatorProcess]:
+    sim = SimulatorProcess(config)
+    try:
+        await anyio.to_thread.run_sync(sim.start)
+    except Exception as exc:
+        raise RunError(str(exc)) from None
+    try:
+        yield sim
+    finally:
+        await anyio.to_thread.run_sync(sim.stop)
+
+
+class _Tasks:
+    """Background tasks of a run, all cancelled (and awaited) when the run unwinds."""
+
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    def start(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.append(task)
+        return task
+
+    async def cancel_all(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+class _TelemetryFile:
+    """``telemetry.arrow``, appended from the sampler's log as the run goes."""
+
+    def __init__(self, path: Path, log: TelemetryLog) -> None:
+        self.log = log
+        self.stream = files.StreamWriter(path, files.to_arrow(log.frame(len(log))).schema)
+
+    def flush(self) -> None:
+        self.stream.write(files.to_arrow(self.log.frame(self.stream.rows)))
+
+
+def _is_local(base_url: str) -> bool:
+    host = urlsplit(base_url).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.") or host == socket.gethostname()
+
+
+class _Session:
+    """The parts of one run while it is live."""
+
+    def __init__(self, config: RunConfig, spec: LoadSpec, workload: Workload, display: Display | None):
+        self.config = config
+        self.spec = spec
+        self.workload = workload
+        self.display = display
+        self.run_dir: Path | None = None
+        self.interrupted: BaseException | None = None
+        self.abort_reason: str | None = None
+        self.complete = False
+        self.lag = LoopLag()
+        self.cpu = HarnessCpu()
+
+    def _note(self, message: str) -> None:
+        if self.display is not None:
+            self.display.note(message)
+
+    async def run(self) -> None:
+        config = self.config
+        async with contextlib.AsyncExitStack() as stack:
+            sim = (
+                await stack.enter_async_context(_simulator(config.sim_config())) if config.simulated else None
+            )
+            base_url = sim.base_url if sim else str(config.base_url)
+            try:
+                model = await _preflight(config, base_url)
+            except Exception as exc:
+                raise RunError(str(exc)) from None
+            label = self.spec.label if sim is None else f"sim_{self.spec.label}"
+            run_dir = Path(
+                config.output_dir
+                or directory.default_run_dir(Path(config.runs_root), model, self.workload.name, label)
+            )
+            directory.prepare(run_dir, config.overwrite)
+            self.run_dir = run_dir
+            telemetry = await self._telemetry(sim, base_url)
+            stack.callback(telemetry.close)
+            anchor = ClockAnchor.take()
+            client = StreamingClient(self._client_config(base_url), t0_ns=anchor.monotonic_ns)
+            stack.push_async_callback(client.aclose)
+            state = self._state(telemetry, run_dir)
+            sampler = Sampler(
+                telemetry.opened,
+                config.sample_ms / 1000,
+                anchor.monotonic_ns,
+                realtime=config.realtime_sampler,
+                probe_s=config.counter_probe_s,
+            )
+            manifest = self._manifest(anchor, model, base_url, telemetry, sampler)
+            manifest.write(run_dir)
+            writer = files.RecordWriter(run_dir / files.RECORDS)
+            tel_file = _TelemetryFile(run_dir / files.TELEMETRY, sampler.log) if telemetry.opened else None
+            executor = Executor(
+                self.workload,
+                client,
+                model,
+                writer,
+                state,
+                scorer=config.scorer or self.workload.scorer,
+                server=config.base_url or "the simulator",
+                abort_after=config.abort_after_connect_errors,
+            )
+            state.phase = Phase.STARTING
+
+            async def close_files() -> None:
+                # after the background tasks stopped: the sampler's last reading comes first
+                with contextlib.suppress(Exception):
+                    await sampler.sample_once()
+                if tel_file is not None:
+                    await anyio.to_thread.run_sync(tel_file.flush)
+                    tel_file.stream.close()
+                await writer.close()
+                manifest.meters, manifest.counter_events = sampler.meters, sampler.counter_events()
+                manifest.end = self._end(sampler)
+                manifest.write(run_dir)
+                state.phase = Phase.DONE
+
+            stack.push_async_callback(close_files)
+            tasks = _Tasks()
+            stack.push_async_callback(tasks.cancel_all)
+            tasks.start(sampler.run())
+            tasks.start(self.lag.watch())
+            tasks.start(_mirror(state, sampler, self.lag))
+            tasks.start(_flush_every(FLUSH_S, writer, tel_file, sampler, manifest, run_dir))
+            if self.display is not None:
+                tasks.start(self.display.run(state))
+            try:
+                await self._phases(
+                    state, executor, manifest, run_dir, tasks, has_telemetry=bool(telemetry.opened)
+                )
+            except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+                self.interrupted = exc
+            self.abort_reason = executor.abort_reason
+
+    async def _phases(
+        self,
+        state: RunState,
+        executor: Executor,
+        manifest: Manifest,
+        run_dir: Path,
+        tasks: _Tasks,
+        has_telemetry: bool,
+    ) -> None:
+        config, spec = self.config, self.spec
+        rng = np.random.default_rng(config.seed)
+        if config.baseline_s > 0 and has_telemetry and config.baseline_w is None:
+            state.phase = Phase.BASELINE
+            start = now_ns() - manifest.anchor.monotonic_ns
+            await asyncio.sleep(config.baseline_s)
+            manifest.baseline_window_ns = (start, now_ns() - manifest.anchor.monotonic_ns)
+            manifest.write(run_dir)
+        if config.warmup:
+            state.phase = Phase.WARMUP
+            await drive(spec, executor.units(config.warmup, True), executor.execute, rng)
+        state.phase = Phase.MEASURING
+        state.started_ns = now_ns()
+        deadline = now_ns() + int(config.duration * NS) if config.duration else None
+        with gc_frozen(), self.cpu.measuring():
+            load = tasks.start(
+                drive(spec, executor.units(self._planned(), False), executor.execute, rng, deadline)
+            )
+            aborted = tasks.start(executor.aborted.wait())
+            await asyncio.wait({load, aborted}, return_when=asyncio.FIRST_COMPLETED)
+            if executor.aborted.is_set():
+                load.cancel()
+                await asyncio.gather(load, return_exceptions=True)
+            else:
+                await load
+                self.complete = True
+        state.phase = Phase.FINISHING
+        await asyncio.sleep(config.tail_s if has_telemetry else 0)
+
+    def _planned(self) -> int | None:
+        if self.config.max_queries is not None:
+            return self.config.max_queries
+        return None if self.config.duration is not None else self.workload.size()
+
+    def _end(self, sampler: Sampler) -> dict[str, Any]:
+        return {
+            "complete": self.complete and self.interrupted is None,
+            "interrupted": self.interrupted is not None,
+            "aborted": self.abort_reason,
+            "sampler": asdict(sampler.quality()),
+            "harness": {"loop_lag_ms": distribution(self.lag.lags_ms), **self.cpu.summary()},
+        }
+
+    async def _telemetry(self, sim: SimulatorProcess | None, base_url: str) -> TelemetrySetup:
+        config = self.config
+        try:
+            telemetry = await anyio.to_thread.run_sync(
+                lambda: open_sources(
+                    config.telemetry, sim_root_url=_sim_root(config, sim, base_url), gpus=config.gpus
+                )
+            )
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
+        if sim is not None:
+            self._note("SIMULATED run: built-in simulator server and simulated device (no real GPU measured)")
+        for s in telemetry.opened:
+            self._note(f"telemetry {s.source.name}: {s.info.description or ', '.join(s.info.columns)}")
+        for name, reason in telemetry.skipped.items():
+            self._note(f"telemetry {name} skipped: {reason}")
+        if sim is None and telemetry.opened and not _is_local(base_url):
+            self._note(f"telemetry measures this machine; the server at {base_url} may be elsewhere")
+        return telemetry
+
+    def _client_config(self, base_url: str) -> ClientConfig:
+        c = self.config
+        return ClientConfig(
+            base_url=base_url,
+            endpoint=c.endpoint,
+            api_key=c.api_key,
+            max_tokens=c.max_tokens,
+            temperature=c.temperature,
+            params=c.params,
+            connect_timeout=c.connect_timeout,
+            read_timeout=c.read_timeout,
+            max_connections=self.spec.pool_size,
+        )
+
+    def _state(self, telemetry: TelemetrySetup, run_dir: Path) -> RunState:
+        spec = self.spec
+        state = RunState(
+            label=spec.label,
+            simulated=self.config.simulated,
+            target_in_flight=spec.concurrency or spec.max_concurrency,
+            planned=self._planned(),
+            duration_s=self.config.duration,
+            run_dir=str(run_dir),
+        )
+        for s in telemetry.opened:
+            for m in s.info.meters:
+                state.meters[m.channel] = MeterState(
+                    m.channel, estimate=m.kind == "estimate", accelerator=m.accelerator
+                )
+        for name, reason in telemetry.skipped.items():
+            state.meters[name] = MeterState(name, available=False, reason=reason)
+        return state
+
+    def _manifest(
+        self, anchor: ClockAnchor, model: str, base_url: str, telemetry: TelemetrySetup, sampler: Sampler
+    ) -> Manifest:
+        config, spec = self.config, self.spec
+        return Manifest(
+            config=config.public(),
+            anchor=anchor,
+            simulated=config.simulated,
+            model=model,
+            base_url=None if config.simulated else base_url,
+            workload={
+                "kind": type(self.workload).__name__,
+                "dataset": self.workload.name,
+                "scorer": config.scorer or self.workload.scorer,
+            },
+            load=asdict(spec) | {"label": spec.label},
+            sources={s.source.name: s.info.description for s in telemetry.opened},
+            skipped=telemetry.skipped,
+            meters=sampler.meters,
+            sample_ms=config.sample_ms,
+            probe_s=config.counter_probe_s,
+        )
+
+
+async def _preflight(config: RunConfig, base_url: str) -> str:
+    models = await list_models(base_url, config.api_key, timeout=config.connect_timeout)
+    if config.model is None:
+        if not models:
+            raise RunError(f"{base_url} serves no models; name one with --model")
+        return models[0]
+    if models and config.model not in models:
+        raise RunError(f"model {config.model!r} is not served at {base_url}; available: {', '.join(models)}")
+    return config.model
+
+
+def _sim_root(config: RunConfig, sim: SimulatorProcess | None, base_url: str) -> str | None:
+    """Where the simulated device answers: ours, or a standalone ``ipw-async sim`` named in --telemetry."""
+    if sim is not None:
+        return sim.root_url
+    if "sim" in config.telemetry.split(","):
+        parts = urlsplit(base_url)
+        return f"{parts.scheme}://{parts.netloc}"
+    return None
+
+
+async def _flush_every(
+    period_s: float,
+    writer: files.RecordWriter,
+    tel_file: _TelemetryFile | None,
+    sampler: Sampler,
+    manifest: Manifest,
+    run_dir: Path,
+) -> None:
+    """Records and telemetry to disk, and run.json kept current (grids learned, counter resets)."""
+    while True:
+        await asyncio.sleep(period_s)
+        await writer.flush()
+        if tel_file is not None:
+            await anyio.to_thread.run_sync(tel_file.flush)
+        meters, events = sampler.meters, sampler.counter_events()
+        if meters != manifest.meters or events != manifest.counter_events:
+            manifest.meters, manifest.counter_events = meters, events
+            manifest.write(run_dir)
+
+
+async def _mirror(state: RunState, sampler: Sampler, lag: LoopLag) -> None:
+    """Copy the latest power readings and harness health into the run state, 4 times a second."""
+    log = sampler.log
+    meters = sampler.meters
+    first: dict[str, float] = {}
+    while True:
+        await asyncio.sleep(0.25)
+        for m in meters:
+            ms = state.meters[m.channel]
+            ms.power_w = log.latest(m.power_column)
+            energy = log.latest(m.energy_column)
+            if energy is not None:
+                first.setdefault(m.channel, energy)
+                ms.energy_j = energy - first[m.channel]
+        lateness = log.recent("lateness_ns", 200)
+        state.sampler_lateness_ms = float(np.percentile(lateness, 99)) / 1e6 if lateness else None
+        state.loop_lag_ms = lag.recent_p99()
