@@ -119,6 +119,27 @@ def test_probes_20_s_apart_pin_the_period() -> None:
     assert last_updates((first, second), t)[0] == pytest.approx(12 * MS + 199 * true_period, abs=10.0)
 
 
+def test_probes_chain_when_the_first_period_is_off_by_a_tenth_of_a_ms() -> None:
+    # as seen on an H100 under load: the first probe's period 0.137 ms short puts the second
+    # probe 200.28 of its periods away; the second probe's own estimate counts it right
+    true_period = 100.003 * MS
+    first = CounterGrid(99.866 * MS, 7 * MS, learned_at_ns=0.0)
+    second = CounterGrid(99.892 * MS, 7 * MS + 200 * true_period, learned_at_ns=20_000 * MS)
+    a, b = chained((first, second))
+    assert a.period_ns == b.period_ns == pytest.approx(true_period, abs=1.0)
+    # unchained, a read late in the first grid's reign would be timed 27 ms off
+    t = np.array([7 * MS + 199 * true_period + 50 * MS])
+    assert last_updates((first, second), t)[0] == pytest.approx(7 * MS + 199 * true_period, abs=10.0)
+    assert abs(first.last_update(t)[0] - (7 * MS + 199 * true_period)) > 20 * MS
+
+
+def test_probes_too_far_apart_to_count_start_afresh() -> None:
+    first = CounterGrid(99.0 * MS, 7 * MS, learned_at_ns=0.0)
+    second = CounterGrid(101.0 * MS, 7 * MS + 200.5 * 100 * MS, learned_at_ns=20_000 * MS)
+    a, b = chained((first, second))
+    assert (a.period_ns, b.period_ns) == (first.period_ns, second.period_ns)
+
+
 class GridCounter(TelemetrySource):
     """A counter that updates every ``period_ms`` on its own clock, like a GPU's."""
 

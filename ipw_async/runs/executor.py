@@ -12,7 +12,7 @@ from ..files import RecordWriter
 from ..records import ErrorType, RequestRecord, Status
 from ..scoring import score
 from ..state import RunState
-from ..workload import Query, WorkUnit, Workload
+from ..workload import Query, Workload, WorkUnit
 
 
 class Executor:
