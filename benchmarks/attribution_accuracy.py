@@ -15,7 +15,16 @@ requests of 2 s or more, signed bias, the p95 in steady state (without the first
 arrives all at once and queues for prefill, and the drain), the sampler's lateness p99, and
 how the counter's reads were timed (its learned update grid, or the midpoint between reads).
 
-    python benchmarks/attribution_accuracy.py [--quick] [--json out.json]
+With ``--random N`` it judges the methods on N draws instead, each seeded: the simulator's
+physics from ``ipw_async.sim.drawn_physics`` (work exponent 0.5–1.0, prefill work 0.1–1.5,
+static 30–150 W, dynamic 10–60 W, step 5–30 ms, per-sequence and per-prefill-token step costs
+over a 4× range, prefill budget 512–8,192, counter 10–500 ms, prefix caching on or off) and a
+workload (prompts of median 64–4,096 tokens, outputs 16–512, length sigma 0.2–1.0; closed
+loop at 1–128 or Poisson 1–24/s with a cap), 12 s of sending each. It prints each draw and
+the median and worst p95 of each method, over all draws and over those with a counter of
+100 ms or less.
+
+    python benchmarks/attribution_accuracy.py [--quick] [--random N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import random
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +43,7 @@ import httpx
 import numpy as np
 
 from ipw_async import RunConfig, finalize, run_benchmark
-from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
+from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess, drawn_physics
 
 
 @dataclass(frozen=True)
@@ -71,51 +82,44 @@ def errors(estimate: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     }
 
 
-async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
-    n = 12 if case.concurrency == 1 else max(96, 4 * case.concurrency)  # waves: first, steady, drain
-    sim_config = SimConfig(
-        engine=EngineConfig(
-            counter_period_ms=case.counter_ms, telemetry=case.telemetry, dropout_every_s=case.dropout_every_s
-        )
-    )
-    run_dir = tmp / f"c{case.concurrency}_{case.telemetry}_{case.counter_ms:g}_{case.dropout_every_s}"
-    with SimulatorProcess(sim_config) as sim:
-        config = RunConfig(
-            base_url=sim.base_url,
-            output_dir=run_dir,
-            concurrency=case.concurrency,
-            dataset="synthetic",
-            max_queries=n,
-            prompt_tokens=256,
-            output_tokens=128,
-            length_sigma=0.4,
-            telemetry="sim",
-        )
+async def measure(engine: EngineConfig, options: dict[str, Any], run_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """One run against a simulator with this physics; the run's result and the simulator's truth."""
+    with SimulatorProcess(SimConfig(engine=engine)) as sim:
+        config = RunConfig(base_url=sim.base_url, output_dir=run_dir, telemetry="sim", **options)
         result = await run_benchmark(config)
         truth = httpx.get(f"{sim.root_url}/sim/truth", timeout=10).json()
-    raw = result.records
-    true = np.array([truth["requests"][str(i)] for i in raw.get_column("request_id").to_list()])
-    long = (raw.get_column("e2e_latency_s").fill_null(0) >= 2.0).to_numpy()
-    # steady state: after the first wave (which all arrives at once and queues for prefill)
-    # and before the drain; what a run with --warmup equal to the concurrency measures
-    ids = raw.get_column("request_id").to_numpy()
-    drain = raw.get_column("closed_ns").to_numpy() > raw.get_column("sent_ns").max()
-    steady = long & (ids >= case.concurrency) & ~drain
-    rows: dict[str, Any] = {}
-    # each method is the run's own finishing function with other settings (a 0 W baseline:
-    # no static share, all energy by the rule)
+    return result, truth
+
+
+def score(
+    run_dir: Path, truth: dict[str, Any], steady_from: int
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """Every method's errors against the truth: measured requests that succeeded, those of
+    2 s or more (all where none), and the steady state (from request ``steady_from`` on, before
+    the drain). Each method is the run's own finishing function with other settings (a 0 W
+    baseline: no static share, all energy by the rule)."""
     methods: dict[str, dict[str, Any]] = {
         "tokens+baseline": {},
         "tokens": {"baseline_w": 0.0},
         "equal": {"attribution": "equal"},
         "window": {"attribution": "window"},
     }
+    rows: dict[str, Any] = {}
     total = None
     for name, settings in methods.items():
         out = finalize(run_dir, **settings)
         m = out.summary["energy"]["meters"]["sim"]
         total = m["total_j"]
-        est = out.records.get_column("energy_j").to_numpy()
+        raw = out.records
+        keep = (~raw.get_column("warmup") & (raw.get_column("status") == "ok")).to_numpy()
+        true = np.array([truth["requests"][str(i)] for i in raw.get_column("request_id").to_list()])[keep]
+        est = raw.get_column("energy_j").to_numpy()[keep]
+        long = (raw.get_column("e2e_latency_s").fill_null(0) >= 2.0).to_numpy()[keep]
+        # steady state: after the first wave (which all arrives at once and queues for
+        # prefill) and before the drain; what a run with --warmup equal to the load measures
+        ids = raw.get_column("request_id").to_numpy()[keep]
+        drain = (raw.get_column("closed_ns").to_numpy() > raw.get_column("sent_ns").max())[keep]
+        steady = long & (ids >= steady_from) & ~drain
         conservation = (
             (m["window_sum_j"] - (m["total_j"] - m["idle_j"])) / m["total_j"]
             if name == "window"
@@ -128,7 +132,7 @@ async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
             "all": errors(est, true),
             "provenance": dict(
                 zip(
-                    *np.unique(out.records.get_column("energy_provenance").to_numpy(), return_counts=True),
+                    *np.unique(raw.get_column("energy_provenance").to_numpy()[keep], return_counts=True),
                     strict=True,
                 )
             ),
@@ -140,6 +144,26 @@ async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
         "steady": errors(est[steady], true[steady]) if steady.sum() >= 5 else None,
         "all": errors(est, true),
     }
+    return rows, true, long
+
+
+async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
+    n = 12 if case.concurrency == 1 else max(96, 4 * case.concurrency)  # waves: first, steady, drain
+    engine = EngineConfig(
+        counter_period_ms=case.counter_ms, telemetry=case.telemetry, dropout_every_s=case.dropout_every_s
+    )
+    run_dir = tmp / f"c{case.concurrency}_{case.telemetry}_{case.counter_ms:g}_{case.dropout_every_s}"
+    options = {
+        "concurrency": case.concurrency,
+        "dataset": "synthetic",
+        "max_queries": n,
+        "prompt_tokens": 256,
+        "output_tokens": 128,
+        "length_sigma": 0.4,
+    }
+    result, truth = await measure(engine, options, run_dir)
+    rows, true, long = score(run_dir, truth, steady_from=case.concurrency)
+    total = result.summary["energy"]["meters"]["sim"]["total_j"]
     return {
         "case": case.label,
         "requests": int(true.size),
@@ -153,10 +177,107 @@ async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Draw:
+    """One randomized case: physics and workload drawn from ``seed``."""
+
+    seed: int
+    engine: EngineConfig
+    options: dict[str, Any]
+    steady_from: int
+
+    @classmethod
+    def of(cls, seed: int) -> Draw:
+        rng = random.Random(10_000 + seed)  # the workload's own stream, apart from the physics'
+        engine = drawn_physics(seed)
+        options: dict[str, Any] = {
+            "dataset": "synthetic",
+            "prompt_tokens": round(math.exp(rng.uniform(math.log(64), math.log(4096)))),
+            "output_tokens": round(math.exp(rng.uniform(math.log(16), math.log(512)))),
+            "length_sigma": rng.uniform(0.2, 1.0),
+            "seed": seed,
+            # bounded in time, not count: a draw of long outputs on slow steps takes minutes a wave
+            "duration": 12.0,
+            "max_queries": 240,
+        }
+        if rng.random() < 0.5:
+            c = round(math.exp(rng.uniform(0, math.log(128))))
+            options |= {"concurrency": c, "warmup": min(c, 32)}
+            steady = c
+        else:
+            cap = rng.choice((16, 32, 64, 128))
+            options |= {"rate": rng.uniform(1.0, 24.0), "max_concurrency": cap, "warmup": 8}
+            steady = 0
+        return cls(seed, engine, options, steady)
+
+    @property
+    def label(self) -> str:
+        e, o = self.engine, self.options
+        load = (
+            f"c={o['concurrency']}"
+            if "concurrency" in o
+            else f"r={o['rate']:.1f}/s cap {o['max_concurrency']}"
+        )
+        cache = " cache" if e.prefix_cache else ""
+        return (
+            f"#{self.seed:<2} {load:<16} in {o['prompt_tokens']:>4}/out {o['output_tokens']:>3} · "
+            f"{e.static_w:.0f}+{e.dynamic_w:.0f}·w^{e.work_exponent:.2f} W, pf {e.prefill_work:.2f}, "
+            f"step {e.step_base_ms:.0f} ms, budget {e.prefill_budget_tokens}, counter {e.counter_period_ms:.0f} ms{cache}"
+        )
+
+
+async def run_draw(draw: Draw, tmp: Path) -> dict[str, Any]:
+    run_dir = tmp / f"draw{draw.seed}"
+    result, truth = await measure(draw.engine, draw.options, run_dir)
+    rows, true, long = score(run_dir, truth, steady_from=draw.steady_from)
+    return {
+        "case": draw.label,
+        "counter_ms": draw.engine.counter_period_ms,
+        "requests": int(true.size),
+        "long_requests": int(long.sum()),
+        "sampler_lateness_p99_ms": result.summary["telemetry"]["sampler"]["lateness_ms"]["p99"],
+        "methods": rows,
+    }
+
+
+def p95(method: dict[str, Any]) -> float:
+    return (method["long"] or method["all"])["p95"]
+
+
+def print_aggregate(results: list[dict[str, Any]]) -> None:
+    """Median and worst p95 of each method, over all draws and over those with a counter ≤ 100 ms."""
+    names = list(results[0]["methods"])
+    fast = [r for r in results if r["counter_ms"] <= 100]
+    print(f"\naggregate p95 over {len(results)} draws ({len(fast)} with a counter ≤ 100 ms):")
+    print(
+        f"{'method':<16} {'median':>8} {'worst':>8} {'median ≤100ms':>14} {'worst ≤100ms':>13} {'worst conserv.':>15}"
+    )
+    for name in names:
+        all_p = [p95(r["methods"][name]) for r in results]
+        fast_p = [p95(r["methods"][name]) for r in fast] or [float("nan")]
+        worst_c = max(abs(r["methods"][name]["conservation"]) for r in results)
+        print(
+            f"{name:<16} {np.median(all_p):>8.1%} {max(all_p):>8.1%} {np.median(fast_p):>14.1%} "
+            f"{max(fast_p):>13.1%} {worst_c:>15.1e}"
+        )
+    beaten = sum(p95(r["methods"]["tokens+baseline"]) > p95(r["methods"]["equal"]) for r in results)
+    print(f"draws where the default rule is worse than equal: {beaten} of {len(results)}")
+
+
 def fmt(err: dict[str, float] | None) -> str:
     if err is None:
         return f"{'—':>7} {'—':>7} {'—':>7} {'—':>8}"
     return f"{err['p50']:>7.1%} {err['p95']:>7.1%} {err['max']:>7.1%} {err['bias']:>+8.1%}"
+
+
+def print_case(r: dict[str, Any], tail: str) -> None:
+    if len(r["case"]) > 34:  # a drawn case: its physics on a line of its own
+        print(f"{r['case']} ({r['long_requests']}/{r['requests']} long)")
+    for i, (name, m) in enumerate(r["methods"].items()):
+        label = "" if i or len(r["case"]) > 34 else f"{r['case']} ({r['long_requests']}/{r['requests']} long)"
+        steady = "—" if m["steady"] is None else f"{m['steady']['p95']:.1%}"
+        line = f"{label:<34} {name:<16} {m['conservation']:>9.1e} {fmt(m['long'] or m['all'])}"
+        print(f"{line} {steady:>10}{tail if i == 0 else ''}")
 
 
 def main() -> None:
@@ -164,6 +285,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="fewer cases (100 ms counter only)")
+    parser.add_argument(
+        "--random",
+        type=int,
+        metavar="N",
+        help="instead: N draws of physics and workload at random (seeds 0..N-1), each judged alike",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     results = []
@@ -176,15 +303,18 @@ def main() -> None:
     header = f"{'case':<34} {'method':<16} {'conserv.':>9} {'p50':>7} {'p95':>7} {'max':>7} {'bias':>8}"
     print(f"{header} {'steady p95':>10}  sampler p99  counter reads timed by")
     with tempfile.TemporaryDirectory() as tmp:
-        for case in cases(args.quick):
-            r = asyncio.run(run_case(case, Path(tmp)))
-            results.append(r)
-            for i, (name, m) in enumerate(r["methods"].items()):
-                label = f"{r['case']} ({r['long_requests']}/{r['requests']} long)" if i == 0 else ""
-                tail = f"  {r['sampler_lateness_p99_ms']:.2f} ms  {r['counter_timing']}" if i == 0 else ""
-                steady = "—" if m["steady"] is None else f"{m['steady']['p95']:.1%}"
-                line = f"{label:<34} {name:<16} {m['conservation']:>9.1e} {fmt(m['long'] or m['all'])}"
-                print(f"{line} {steady:>10}{tail}")
+        if args.random:
+            for seed in range(args.random):
+                draw = Draw.of(seed)
+                r = asyncio.run(run_draw(draw, Path(tmp)))
+                results.append(r)
+                print_case(r, tail=f"  {r['sampler_lateness_p99_ms']:.2f} ms")
+            print_aggregate(results)
+        else:
+            for case in cases(args.quick):
+                r = asyncio.run(run_case(case, Path(tmp)))
+                results.append(r)
+                print_case(r, tail=f"  {r['sampler_lateness_p99_ms']:.2f} ms  {r['counter_timing']}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
 

@@ -154,6 +154,9 @@ class StreamParser:
         if usage:
             record.usage_output_tokens = usage.get("completion_tokens", record.usage_output_tokens)
             record.prompt_tokens = usage.get("prompt_tokens", record.prompt_tokens)
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and details.get("cached_tokens") is not None:
+                record.cached_prompt_tokens = details["cached_tokens"]
         for choice in obj.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue

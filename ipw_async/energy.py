@@ -184,9 +184,11 @@ def _token_segments(requests: pl.DataFrame, prefill_weight: float) -> Segments:
     with the first token, then each chunk's tokens over the gap since the previous chunk."""
     reqs, starts, ends, weights = [], [], [], []
     steps = step_starts(requests)
-    cols = requests.select("sent_ns", "end_ns", "chunk_ns", "chunk_tokens", "prompt_tokens")
+    # tokens the server's prefix cache held were never prefilled
+    computed = pl.col("prompt_tokens").fill_null(0) - pl.col("cached_prompt_tokens").fill_null(0)
+    cols = requests.select("sent_ns", "end_ns", "chunk_ns", "chunk_tokens", computed)
     for i, (sent, end, chunks, tokens, prompt) in enumerate(cols.iter_rows()):
-        prefill = prefill_weight * float(prompt or 0)
+        prefill = prefill_weight * float(prompt)
         if chunks:
             # the burst before the one holding the first token ended the previous step
             k = int(np.searchsorted(steps, chunks[0], side="right")) - 2

@@ -68,6 +68,7 @@ class RequestRecord:
     finish_reason: str | None = None
     # token counts: from the server's usage when it sent one
     prompt_tokens: int | None = None
+    cached_prompt_tokens: int | None = None  # of prompt_tokens, found in the server's prefix cache
     usage_output_tokens: int | None = None
     # the server's own timings where it reports them (llama.cpp), to hold TTFT/TPOT against
     server_prompt_ms: float | None = None
@@ -181,6 +182,7 @@ COLUMNS: tuple[tuple[str, pl.DataType, Callable[[RequestRecord], object]], ...] 
     ("chunk_tokens", pl.List(pl.Int32()), _attr("chunk_tokens")),
     ("chunk_server_ns", pl.List(pl.Int64()), _server_stamps),
     ("prompt_tokens", pl.Int64(), _attr("prompt_tokens")),
+    ("cached_prompt_tokens", pl.Int64(), _attr("cached_prompt_tokens")),
     ("output_tokens", pl.Int64(), _attr("output_tokens")),
     ("output_tokens_source", pl.String(), _attr("output_tokens_source")),
     ("chunk_count", pl.Int64(), _attr("chunk_count")),

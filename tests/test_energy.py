@@ -181,6 +181,17 @@ def test_within_one_meter_interval_energy_follows_work_not_time() -> None:
     assert section["meters"]["dev"]["idle_j"] == pytest.approx(2.7, rel=1e-9)
 
 
+def test_prompt_tokens_from_the_servers_prefix_cache_cost_no_prefill() -> None:
+    tel = telemetry(np.array([100.0, 210.0]), power=np.array([300.0, 300.0]))
+    recs = records([(100, 110, 10), (140, 160, 5)], prompt_tokens=36)
+    # B's prompt was all in the cache but 4 tokens: 1 prefill unit instead of 9
+    recs = recs.with_columns(pl.Series("cached_prompt_tokens", [None, 32], dtype=pl.Int64))
+    out, _ = attribute(tel, [POWER], recs, AttributionConfig(prefill_weight=0.25))
+    a, b = out.get_column("energy_j").to_list()
+    assert a == pytest.approx(30 * 19 / 25 + 0.15, rel=1e-9)
+    assert b == pytest.approx(30 * 6 / 25 + 0.15, rel=1e-9)
+
+
 schedules = st.lists(
     st.tuples(st.integers(0, 2500), st.integers(1, 400), st.integers(0, 60)), min_size=1, max_size=25
 )

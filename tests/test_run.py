@@ -247,3 +247,20 @@ def test_crashed_writer_leaves_a_readable_file(tmp_path: Path) -> None:
     with pytest.raises(PartialFileError, match="ends inside a batch"):
         read_arrow(tmp_path / "cut.arrow")
     assert read_arrow(tmp_path / "cut.arrow", partial_ok=True).get_column("request_id").to_list() == [0, 1]
+
+
+async def test_cached_prompt_tokens_are_recorded(tmp_path: Path) -> None:
+    from ipw_async.sim import SimConfig
+
+    from .conftest import fast_engine
+
+    # the built-in QA prompts share a few-shot preamble: a prefix-caching server skips it
+    config = quick_config(
+        tmp_path, max_queries=24, concurrency=2, sim=SimConfig(engine=fast_engine(prefix_cache=True))
+    )
+    result = await run_benchmark(config)
+    frame = result.records.sort("request_id")
+    cached = frame.get_column("cached_prompt_tokens").to_list()
+    prompts = frame.get_column("prompt_tokens").to_list()
+    assert cached[0] == 0 and all(0 < c < p for c, p in zip(cached[4:], prompts[4:], strict=True))
+    assert abs(result.summary["energy"]["meters"]["sim"]["conservation_error"]) < 1e-9

@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from ipw_async.sim import SimConfig, SimulatorProcess
+from ipw_async.sim import SimConfig, SimulatorProcess, drawn_physics
 from ipw_async.workload.datasets import builtin_qa
 
 from .conftest import fast_engine
@@ -71,3 +71,39 @@ def test_device_counter_is_quantised_and_periodic() -> None:
     assert energies == sorted(energies)
     assert len(set(energies)) < len(energies)  # stale between 200 ms updates
     assert readings[-1]["power_w"] == 70.0  # idle: static power only
+
+
+def _usage(base_url: str, prompt: str) -> dict[str, object]:
+    body = {"model": "sim-small", "prompt": prompt, "max_tokens": 4}
+    return httpx.post(f"{base_url}/completions", json=body, timeout=30).json()["usage"]
+
+
+def test_prefix_cache_skips_the_prefill_of_a_prompt_seen_before() -> None:
+    shared = "You are a careful assistant. " * 40  # 1,160 characters: 18 blocks of 16 tokens
+    engine = fast_engine(prefix_cache=True, step_per_prefill_token_ms=0.2, prefill_budget_tokens=64)
+    with SimulatorProcess(SimConfig(engine=engine)) as sim:
+        first = _usage(sim.base_url, shared + "Question one?")
+        second = _usage(sim.base_url, shared + "Question two?")
+        other = _usage(sim.base_url, "Something else entirely. " * 40)
+        truth = httpx.get(f"{sim.root_url}/sim/truth").json()
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    cached = second["prompt_tokens_details"]["cached_tokens"]  # type: ignore[index]
+    assert cached == 18 * 16 and cached < second["prompt_tokens"]  # type: ignore[operator]
+    assert other["prompt_tokens_details"] == {"cached_tokens": 0}
+    # the cached prompt was cheaper: no prefill steps for its shared part
+    first_j, second_j, _ = (truth["requests"][k] for k in sorted(truth["requests"], key=lambda k: int(k[4:])))
+    assert second_j < 0.7 * first_j
+
+
+def test_without_prefix_cache_usage_reports_no_cached_tokens(sim: SimulatorProcess) -> None:
+    assert "prompt_tokens_details" not in _usage(sim.base_url, "hello " * 100)
+
+
+def test_physics_drawn_from_a_seed() -> None:
+    a, b, again = drawn_physics(1), drawn_physics(2), drawn_physics(1)
+    assert a == again and a != b
+    draws = [drawn_physics(seed) for seed in range(200)]
+    assert all(0.5 <= d.work_exponent <= 1.0 and 30 <= d.static_w <= 150 for d in draws)
+    assert all(512 <= d.prefill_budget_tokens <= 8192 and 10 <= d.counter_period_ms <= 500 for d in draws)
+    assert {d.prefix_cache for d in draws} == {True, False}
+    assert drawn_physics(1, static_w=99.0).static_w == 99.0  # a pinned field stays put

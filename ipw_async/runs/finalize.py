@@ -87,8 +87,13 @@ def _read_records(run_dir: Path) -> pl.DataFrame:
     path = run_dir / files.RECORDS
     if not path.is_file():
         raise RunDirError(f"{run_dir} holds no {files.RECORDS}; is it a run directory?")
+    frame = files.read_arrow(path)
+    # a column this version records that the run's version did not: unknown, not zero
+    missing = [
+        pl.lit(None, dtype).alias(name) for name, dtype in RECORD_SCHEMA.items() if name not in frame.columns
+    ]
     # the measured columns only: energy columns of an earlier finalize are made anew
-    return files.read_arrow(path).select(list(RECORD_SCHEMA)).sort("request_id")
+    return frame.with_columns(missing).select(list(RECORD_SCHEMA)).sort("request_id")
 
 
 def _read_telemetry(run_dir: Path, manifest: Manifest) -> pl.DataFrame | None:

@@ -1,7 +1,16 @@
 """The built-in simulator: an OpenAI-compatible server and a simulated device (all SIMULATED)."""
 
-from .engine import EngineConfig
+from .engine import EngineConfig, drawn_physics
 from .process import SimulatorError, SimulatorProcess
 from .server import SIM_MODEL, Faults, SimConfig, serve
 
-__all__ = ["SIM_MODEL", "EngineConfig", "Faults", "SimConfig", "SimulatorError", "SimulatorProcess", "serve"]
+__all__ = [
+    "SIM_MODEL",
+    "EngineConfig",
+    "Faults",
+    "SimConfig",
+    "SimulatorError",
+    "SimulatorProcess",
+    "drawn_physics",
+    "serve",
+]

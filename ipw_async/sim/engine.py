@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import hashlib
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -74,9 +76,40 @@ class EngineConfig:
         ),
     )
 
+    prefix_cache: bool = field(
+        default=False,
+        metadata=option(
+            "Cache prompt prefixes: leading blocks of a prompt seen before cost no prefill "
+            "(as vLLM's automatic prefix caching)."
+        ),
+    )
+
     def __post_init__(self) -> None:
         if self.telemetry not in TELEMETRY_KINDS:
             raise ValueError(f"--device-telemetry must be one of {', '.join(TELEMETRY_KINDS)}")
+
+
+def drawn_physics(seed: int, **fixed: object) -> EngineConfig:
+    """A server and device drawn at random from ``seed``: the simulator as a family, so an
+    attribution rule is judged on physics it was not tuned to. ``fixed`` pins fields."""
+    rng = random.Random(seed)
+
+    def log_uniform(low: float, high: float) -> float:
+        return math.exp(rng.uniform(math.log(low), math.log(high)))
+
+    drawn: dict[str, object] = {
+        "work_exponent": rng.uniform(0.5, 1.0),
+        "prefill_work": rng.uniform(0.1, 1.5),
+        "static_w": rng.uniform(30.0, 150.0),
+        "dynamic_w": rng.uniform(10.0, 60.0),
+        "step_base_ms": rng.uniform(5.0, 30.0),
+        "step_per_seq_ms": log_uniform(0.06, 0.24),
+        "step_per_prefill_token_ms": log_uniform(0.015, 0.06),
+        "prefill_budget_tokens": round(log_uniform(512, 8192)),
+        "counter_period_ms": log_uniform(10.0, 500.0),
+        "prefix_cache": rng.random() < 0.5,
+    }
+    return EngineConfig(**(drawn | fixed))  # type: ignore[arg-type]
 
 
 @dataclass(eq=False)
@@ -85,7 +118,9 @@ class SimRequest:
     prompt_tokens: int
     tokens: list[str]  # output tokens in order
     finish_reason: str
+    prompt: str = ""  # what the prefix cache keys on
     arrived_ns: int = field(default_factory=now_ns)
+    cached_tokens: int = 0  # prompt tokens the prefix cache had: never prefilled
     prefilled: int = 0
     emitted: int = 0
     energy_j: float = 0.0
@@ -147,6 +182,36 @@ class Device:
         }
 
 
+class PrefixCache:
+    """Prompt prefixes in blocks of ``BLOCK_TOKENS``: a block is cached with every block before it."""
+
+    BLOCK_TOKENS = 16
+    BLOCK_CHARS = 4 * BLOCK_TOKENS  # the simulator counts a token per 4 characters
+
+    def __init__(self) -> None:
+        self._blocks: set[bytes] = set()
+
+    def _keys(self, prompt: str) -> list[bytes]:
+        h = hashlib.blake2b(digest_size=16)
+        keys = []
+        for start in range(0, len(prompt) - self.BLOCK_CHARS + 1, self.BLOCK_CHARS):
+            h.update(prompt[start : start + self.BLOCK_CHARS].encode())
+            keys.append(h.copy().digest())
+        return keys
+
+    def cached_tokens(self, prompt: str, prompt_tokens: int) -> int:
+        """Leading prompt tokens found; at least one token is always computed (for logits)."""
+        found = 0
+        for key in self._keys(prompt):
+            if key not in self._blocks:
+                break
+            found += 1
+        return max(0, min(found * self.BLOCK_TOKENS, prompt_tokens - 1))
+
+    def add(self, prompt: str) -> None:
+        self._blocks.update(self._keys(prompt))
+
+
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -161,6 +226,7 @@ class Engine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.steps = 0
+        self.cache = PrefixCache() if config.prefix_cache else None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -191,7 +257,11 @@ class Engine:
         """Admit, then plan one step: (prefill chunks, decoders, duration s, work units)."""
         cfg = self.config
         while self.waiting and len(self.running) < cfg.max_batch:
-            self.running.append(self.waiting.popleft())
+            admitted = self.waiting.popleft()
+            if self.cache is not None:
+                admitted.cached_tokens = self.cache.cached_tokens(admitted.prompt, admitted.prompt_tokens)
+                admitted.prefilled = admitted.cached_tokens
+            self.running.append(admitted)
         budget = cfg.prefill_budget_tokens
         prefill: list[tuple[SimRequest, int]] = []
         decode: list[SimRequest] = []
@@ -244,6 +314,8 @@ class Engine:
                 r.prefilled += chunk
                 if not r.in_prefill:  # the step that completes a prompt also yields its first token
                     decode.append(r)
+                    if self.cache is not None:
+                        self.cache.add(r.prompt)
             for r in decode:
                 if r.finished_ns is not None:
                     continue

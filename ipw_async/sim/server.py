@@ -230,15 +230,16 @@ class SimServer:
         rng = _rng(self.config.seed, "faults", key, prompt)
         if rng.random() < faults.http_error:
             return web.json_response(_error_body("simulated server error", "server_error", 500), status=500)
-        sim_request = SimRequest(key=key, prompt_tokens=prompt_tokens, tokens=tokens, finish_reason=finish)
+        sim_request = SimRequest(
+            key=key, prompt_tokens=prompt_tokens, tokens=tokens, finish_reason=finish, prompt=prompt
+        )
         self.engine.submit(sim_request)
         ctx = _Stream(
             chat=chat,
             model=self.config.model,
             rid=f"{'chatcmpl' if chat else 'cmpl'}-{self._ids}",
-            prompt_tokens=prompt_tokens,
-            tokens=tokens,
-            finish=finish,
+            request=sim_request,
+            caching=self.config.engine.prefix_cache,
         )
         try:
             if not body.get("stream"):
@@ -255,9 +256,16 @@ class _Stream:
     chat: bool
     model: str
     rid: str
-    prompt_tokens: int
-    tokens: list[str]
-    finish: str
+    request: SimRequest
+    caching: bool  # report cached prompt tokens, as servers with prefix caching do
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.request.tokens
+
+    @property
+    def finish(self) -> str:
+        return self.request.finish_reason
 
     def _chunk(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, object]:
         if self.chat:
@@ -280,12 +288,16 @@ class _Stream:
             "choices": [choice],
         }
 
-    def _usage(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
+    def _usage(self) -> dict[str, object]:
+        prompt = self.request.prompt_tokens
+        usage: dict[str, object] = {
+            "prompt_tokens": prompt,
             "completion_tokens": len(self.tokens),
-            "total_tokens": self.prompt_tokens + len(self.tokens),
+            "total_tokens": prompt + len(self.tokens),
         }
+        if self.caching:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.request.cached_tokens}
+        return usage
 
     async def collect(self, sim_request: SimRequest) -> dict[str, object]:
         parts = []
