@@ -100,6 +100,7 @@ def score(
     baseline: no static share, all energy by the rule)."""
     methods: dict[str, dict[str, Any]] = {
         "tokens+baseline": {},
+        "fitted": {"attribution": "fitted"},
         "tokens": {"baseline_w": 0.0},
         "equal": {"attribution": "equal"},
         "window": {"attribution": "window"},

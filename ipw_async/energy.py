@@ -24,12 +24,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from . import power_model
 from ._clock import NS
 from .records import end_ns
 from .telemetry.base import Meter
 from .telemetry.cadence import PROBE_INTERVAL_NS, CounterGrid, last_updates
 
-RULES = ("tokens", "equal", "window")
+RULES = ("tokens", "fitted", "equal", "window")
 
 
 @dataclass(frozen=True)
@@ -184,9 +185,7 @@ def _token_segments(requests: pl.DataFrame, prefill_weight: float) -> Segments:
     with the first token, then each chunk's tokens over the gap since the previous chunk."""
     reqs, starts, ends, weights = [], [], [], []
     steps = step_starts(requests)
-    # tokens the server's prefix cache held were never prefilled
-    computed = pl.col("prompt_tokens").fill_null(0) - pl.col("cached_prompt_tokens").fill_null(0)
-    cols = requests.select("sent_ns", "end_ns", "chunk_ns", "chunk_tokens", computed)
+    cols = requests.select("sent_ns", "end_ns", "chunk_ns", "chunk_tokens", _computed_prompt_tokens())
     for i, (sent, end, chunks, tokens, prompt) in enumerate(cols.iter_rows()):
         prefill = prefill_weight * float(prompt)
         if chunks:
@@ -213,6 +212,32 @@ def _token_segments(requests: pl.DataFrame, prefill_weight: float) -> Segments:
     dur = e - s
     ok = dur > 0
     return Segments(np.asarray(reqs)[ok], s[ok], e[ok], w[ok] / dur[ok])
+
+
+def _computed_prompt_tokens() -> pl.Expr:
+    """Prompt tokens the server computed: those its prefix cache held were never prefilled."""
+    return pl.col("prompt_tokens").fill_null(0) - pl.col("cached_prompt_tokens").fill_null(0)
+
+
+def _fitted_segments(
+    requests: pl.DataFrame, vc: VirtualCounter, static_w: float | None, prefill_weight: float
+) -> tuple[Segments, dict[str, Any], float]:
+    """Each request's share of each inferred step's modelled dynamic power; the fit's report
+    and the static power to share equally (measured, else fitted)."""
+    computed = requests.select(_computed_prompt_tokens()).to_series().to_numpy().astype(float)
+    steps = power_model.infer_steps(requests, step_starts(requests), computed)
+    model = power_model.fit(vc.t, np.diff(vc.e), ~vc.imputed, steps, static_w, prefill_weight)
+    work = steps.decode + model.prefill_weight * steps.prefill
+    entry_work = steps.entry_decode + model.prefill_weight * steps.entry_prefill
+    power = model.dynamic_w(work)[steps.step] * _safe_div(entry_work, work[steps.step])
+    # inside the request's own window: a step may have begun before the request was sent
+    sent = requests.get_column("sent_ns").to_numpy().astype(float)[steps.req]
+    until = requests.get_column("end_ns").to_numpy().astype(float)[steps.req]
+    start = np.maximum(steps.start[steps.step], sent)
+    end = np.minimum(steps.end[steps.step], until)
+    ok = (end > start) & (power > 0)
+    report = model.as_dict() | {"step_time": steps.duration_fit, "steps": steps.count}
+    return Segments(steps.req[ok], start[ok], end[ok], power[ok]), report, model.static_w
 
 
 def _equal_segments(sent: np.ndarray, end: np.ndarray) -> Segments:
@@ -278,8 +303,16 @@ def attribute_meter(
     if n:
         vc = extend_counter(vc, float(sent.min()), float(end.max()))
 
+    baseline = _baseline_w(vc, meter, config)
+    fitted: dict[str, Any] = {}
     seg_eq = _equal_segments(sent, end)
-    seg_rule = _token_segments(requests, config.prefill_weight) if config.rule == "tokens" else seg_eq
+    if config.rule == "tokens":
+        seg_rule = _token_segments(requests, config.prefill_weight)
+    elif config.rule == "fitted" and n:
+        seg_rule, fitted, static_w = _fitted_segments(requests, vc, baseline, config.prefill_weight)
+        baseline = static_w
+    else:
+        seg_rule = seg_eq
     bounds = np.unique(np.concatenate((vc.t, seg_rule.start, seg_rule.end, seg_eq.start, seg_eq.end)))
     bounds = bounds[(bounds >= vc.t[0]) & (bounds <= vc.t[-1])]
     e_at = np.interp(bounds, vc.t, vc.e)
@@ -288,7 +321,6 @@ def attribute_meter(
     knot_of = np.clip(np.searchsorted(vc.t, (bounds[:-1] + bounds[1:]) / 2) - 1, 0, vc.imputed.size - 1)
     imputed_iv = vc.imputed[knot_of]
 
-    baseline = _baseline_w(vc, meter, config)
     static = np.minimum(d_e, baseline * dt / NS) if baseline else np.zeros_like(d_e)
     dynamic = d_e - static
 
@@ -297,7 +329,7 @@ def attribute_meter(
     # dynamic energy by the rule (token work pooled per knot interval: see the module
     # docstring); where the rule sees no work but requests are active, equally
     working = d_rule > 0
-    if config.rule == "tokens":
+    if config.rule in ("tokens", "fitted"):
         knots = vc.t.size - 1
         work_per_knot = np.bincount(knot_of, weights=d_rule * dt, minlength=knots)
         energy_per_knot = np.bincount(knot_of, weights=np.where(working, dynamic, 0.0), minlength=knots)
@@ -337,6 +369,7 @@ def attribute_meter(
             "window_sum_j": float(window.sum()),
             "window_overcount": float(window.sum()) / (total - idle) if total - idle > 0 else None,
             "baseline_w": baseline,
+            **({"power_model": fitted} if fitted else {}),
             "span_s": float((vc.t[-1] - vc.t[0]) / NS),
             **_counter_timing(meter),
         },

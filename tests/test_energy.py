@@ -200,7 +200,7 @@ schedules = st.lists(
 @settings(max_examples=60, deadline=None)
 @given(
     windows=schedules,
-    rule=st.sampled_from(["tokens", "equal"]),
+    rule=st.sampled_from(["tokens", "fitted", "equal"]),
     kind=st.sampled_from(["counter", "power"]),
     baseline=st.sampled_from([None, 40.0]),
     seed=st.integers(0, 1000),

@@ -1,0 +1,287 @@
+"""The device's power model, fitted to the run itself, over engine steps inferred from the client.
+
+A continuous-batching server emits a token for every running sequence at the end of each
+step, so token arrivals across all streams come in bursts, one per step. A request decodes in
+each step whose burst brings it a token, and prefills its computed prompt tokens (prompt less
+what the prefix cache held) in the steps before its first token: under a per-step token
+budget, a long prompt takes several steps, and those steps run longer than their decoding
+alone explains. So step times are fitted as ``a + b·decoders + c·prefill tokens`` and each
+prompt is placed, latest first, in the steps whose extra time can hold it.
+
+Then the meter's energy in each of its intervals is fitted as static power plus, over the
+steps in it, ``scale · (decode tokens + w · prefill tokens) ** exponent`` × step time. The
+fitted model says how a meter interval's dynamic energy splits between its steps and, inside
+a step, between its requests (a prefill token weighs ``w`` decode tokens). Where the run
+cannot identify a parameter, it keeps a stated default and says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+from scipy.optimize import least_squares, nnls
+
+DEFAULT_EXPONENT = 1.0
+
+
+@dataclass
+class Steps:
+    """Inferred engine steps and each request's work in them (one entry per request and step)."""
+
+    start: np.ndarray  # ns, per step
+    end: np.ndarray
+    decode: np.ndarray  # decode tokens in the step
+    prefill: np.ndarray  # prefill tokens in the step
+    req: np.ndarray  # per entry: request index
+    step: np.ndarray  # per entry: step index
+    entry_decode: np.ndarray
+    entry_prefill: np.ndarray
+    duration_fit: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return self.start.size
+
+
+def infer_steps(requests: pl.DataFrame, bursts: np.ndarray, prefill_tokens: np.ndarray) -> Steps:
+    """Steps from burst times (``energy.step_starts``), with decode and prefill placed in them."""
+    n_steps = bursts.size
+    if n_steps == 0:  # no token arrived: no step can be told apart
+        empty = np.zeros(0)
+        return Steps(empty, empty, empty, empty, empty.astype(int), empty.astype(int), empty, empty)
+    end = bursts.astype(float)
+    gaps = np.diff(end)
+    typical = float(np.median(gaps)) if gaps.size else 0.0
+    start = np.concatenate(([end[0] - typical] if n_steps else [], end[:-1]))
+    sent = requests.get_column("sent_ns").to_numpy().astype(float)
+    req_idx, step_idx, dec = [], [], []
+    first_step = np.full(requests.height, -1)
+    for i, (chunks, tokens) in enumerate(requests.select("chunk_ns", "chunk_tokens").iter_rows()):
+        if not chunks:
+            continue
+        k = np.searchsorted(end, np.asarray(chunks, dtype=float), side="right") - 1
+        k = np.clip(k, 0, n_steps - 1)
+        first_step[i] = k[0]
+        per_step = np.bincount(k - k[0], weights=np.asarray(tokens, dtype=float))
+        # the first token comes with the prefill; tokens after it are decode work
+        per_step[0] -= 1
+        for offset in np.flatnonzero(per_step > 0):
+            req_idx.append(i)
+            step_idx.append(k[0] + offset)
+            dec.append(per_step[offset])
+    decode = np.bincount(np.asarray(step_idx, dtype=int), weights=dec, minlength=n_steps)
+    # an engine idle before a step started it when its first request arrived
+    busy_before = np.zeros(n_steps, dtype=bool)
+    busy_before[np.asarray(step_idx, dtype=int)] = True
+    for k in np.flatnonzero(~np.concatenate(([False], busy_before[:-1]))):
+        arrivals = sent[(first_step == k) & (sent < end[k])]
+        if arrivals.size:
+            start[k] = max(start[k], float(arrivals.min()))
+    steps = Steps(
+        start,
+        end,
+        decode,
+        np.zeros(n_steps),
+        np.asarray(req_idx, dtype=int),
+        np.asarray(step_idx, dtype=int),
+        np.asarray(dec, dtype=float),
+        np.zeros(len(dec)),
+    )
+    _place_prefill(steps, sent, first_step, prefill_tokens)
+    return steps
+
+
+def _place_prefill(steps: Steps, sent: np.ndarray, first_step: np.ndarray, tokens: np.ndarray) -> None:
+    """Each prompt over the steps between its arrival and its first token, in proportion to
+    the room their extra time (over decode alone) leaves after the prompts that finished
+    first; with no room anywhere, in the first-token step."""
+    duration = steps.end - steps.start
+    order = np.argsort(first_step, kind="stable")
+    have = [(i, int(first_step[i])) for i in order if first_step[i] >= 0 and tokens[i] > 0]
+    placed: dict[tuple[int, int], float] = {}
+    prefill = np.zeros(steps.count)
+    for _ in range(4):  # refit the step-time model with the placement it implies
+        a, b, c = _fit_duration(duration, steps.decode, prefill)
+        steps.duration_fit = {"base_ms": a / 1e6, "per_decode_ms": b / 1e6, "per_prefill_token_ms": c / 1e6}
+        room = np.maximum(duration - a - b * steps.decode, 0.0) / c if c > 0 else np.zeros(steps.count)
+        prefill = np.zeros(steps.count)
+        placed = {}
+        for i, f in have:
+            first = int(np.searchsorted(steps.end, sent[i], side="right"))
+            window = np.arange(min(first, f), f + 1)
+            free = np.maximum(room[window] - prefill[window], 0.0)
+            share = free / free.sum() if free.sum() > 0 else (window == f).astype(float)
+            for k, part in zip(window, tokens[i] * share, strict=True):
+                if part > 0:
+                    placed[(i, int(k))] = float(part)
+                    prefill[k] += part
+    steps.prefill = prefill
+    extra_req = np.array([i for i, _ in placed], dtype=int)
+    extra_step = np.array([k for _, k in placed], dtype=int)
+    steps.req = np.concatenate((steps.req, extra_req))
+    steps.step = np.concatenate((steps.step, extra_step))
+    steps.entry_decode = np.concatenate((steps.entry_decode, np.zeros(extra_req.size)))
+    steps.entry_prefill = np.concatenate(
+        (np.zeros(steps.entry_prefill.size), np.fromiter(placed.values(), float, len(placed)))
+    )
+
+
+def _fit_duration(
+    duration: np.ndarray, decode: np.ndarray, prefill: np.ndarray
+) -> tuple[float, float, float]:
+    """Step time = a + b·decoders + c·prefill tokens, all non-negative (least squares)."""
+    x = np.column_stack((np.ones_like(duration), decode, prefill))
+    ok = np.isfinite(duration) & (duration > 0)
+    if ok.sum() < 4:
+        return float(np.median(duration[ok])) if ok.any() else 0.0, 0.0, 0.0
+    coef, _ = nnls(x[ok], duration[ok])
+    return float(coef[0]), float(coef[1]), float(coef[2])
+
+
+@dataclass
+class PowerModel:
+    """Static power (W) and dynamic power ``min(cap, scale · work ** exponent)`` (W), work in
+    decode tokens: at the cap (a device's power limit) more work costs time, not power."""
+
+    static_w: float
+    scale_w: float
+    prefill_weight: float
+    exponent: float
+    cap_w: float = float("inf")
+    r2: float | None = None
+    intervals: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def dynamic_w(self, work: np.ndarray) -> np.ndarray:
+        return np.minimum(self.cap_w, self.scale_w * np.power(np.maximum(work, 0.0), self.exponent))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "static_w": self.static_w,
+            "scale_w": self.scale_w,
+            "prefill_weight": self.prefill_weight,
+            "exponent": self.exponent,
+            "cap_w": self.cap_w if np.isfinite(self.cap_w) else None,
+            "r2": self.r2,
+            "intervals": self.intervals,
+            "notes": self.notes,
+        }
+
+
+def _standard_errors(jac: np.ndarray, residuals: np.ndarray) -> np.ndarray:
+    """Each parameter's standard error from a least-squares fit (inf where unidentified)."""
+    dof = max(residuals.size - jac.shape[1], 1)
+    variance = float(residuals @ residuals) / dof
+    try:
+        cov = np.linalg.pinv(jac.T @ jac) * variance
+    except np.linalg.LinAlgError:
+        return np.full(jac.shape[1], np.inf)
+    diag = np.diag(cov)
+    return np.where(diag > 0, np.sqrt(np.abs(diag)), np.inf)
+
+
+def _pieces(knots: np.ndarray, steps: Steps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The steps cut at the meter's knots: (knot interval, step, duration ns) per piece."""
+    pts = np.unique(np.concatenate((knots, steps.start, steps.end)))
+    mid = (pts[:-1] + pts[1:]) / 2
+    k = np.clip(np.searchsorted(steps.end, mid, side="left"), 0, steps.count - 1)
+    in_step = (steps.start[k] <= mid) & (mid <= steps.end[k])
+    j = np.searchsorted(knots, mid, side="right") - 1
+    ok = in_step & (j >= 0) & (j < knots.size - 1)
+    return j[ok], k[ok], np.diff(pts)[ok]
+
+
+def fit(
+    knots: np.ndarray,
+    energy: np.ndarray,
+    usable: np.ndarray,
+    steps: Steps,
+    static_w: float | None,
+    default_prefill_weight: float,
+) -> PowerModel:
+    """Fit the model to the meter's intervals (``energy`` J per knot interval; ``usable`` marks
+    those measured, not imputed). ``static_w``, when measured, anchors static power."""
+    notes: list[str] = []
+    dt = np.diff(knots) / 1e9
+    intervals = int(usable.sum())
+    guess_static = (
+        static_w if static_w is not None else float(np.percentile(energy / np.maximum(dt, 1e-9), 5))
+    )
+    if steps.count < 8 or intervals < 8:
+        notes.append("too few steps or meter intervals to fit: defaults kept")
+        return PowerModel(
+            guess_static, 1.0, default_prefill_weight, DEFAULT_EXPONENT, intervals=intervals, notes=notes
+        )
+
+    j, k, dur = _pieces(knots, steps)
+
+    def model(p: np.ndarray) -> np.ndarray:
+        static, scale, w, gamma, cap = p
+        work = steps.decode + w * steps.prefill
+        step_power = np.minimum(cap, scale * np.power(np.maximum(work, 1e-9), gamma))
+        dyn = np.bincount(j, weights=step_power[k] * dur / 1e9, minlength=dt.size)
+        return static * dt + dyn
+
+    scale0 = max(float(np.mean(energy / np.maximum(dt, 1e-9))) - guess_static, 1.0) / max(
+        float(np.mean(steps.decode)), 1.0
+    )
+    peak = float(np.max((energy / np.maximum(dt, 1e-9))[usable])) - guess_static
+    lo = [0.0, 0.0, 0.01, 0.2, 0.0]
+    hi = [np.inf, np.inf, 10.0, 1.5, np.inf]
+    p0 = [guess_static, scale0, default_prefill_weight, 0.8, 2 * max(peak, 1.0)]
+    if static_w is not None:  # anchored: a hair of room so the bounds stay valid
+        lo[0], hi[0], p0[0] = static_w * 0.999, static_w * 1.001 + 1e-9, static_w
+    if not steps.prefill.any():
+        lo[2], hi[2] = default_prefill_weight * 0.999, default_prefill_weight * 1.001 + 1e-9
+        notes.append("no prefill seen: prefill weight not identified, default kept")
+    scale = max(float(np.median(energy[usable])), 1e-9)
+
+    def residuals(p: np.ndarray) -> np.ndarray:
+        return (model(p) - energy)[usable] / scale
+
+    # static power and a flat power curve trade off against each other: start from several
+    # curvatures and keep the best
+    try:
+        result = min(
+            (
+                least_squares(
+                    residuals,
+                    [*p0[:3], gamma0, p0[4]],
+                    bounds=(lo, hi),
+                    x_scale="jac",
+                    max_nfev=2000,
+                    ftol=1e-12,
+                    xtol=1e-12,
+                    gtol=1e-12,
+                )
+                for gamma0 in (0.5, 0.8, 1.1)
+            ),
+            key=lambda r: r.cost,
+        )
+    except (ValueError, np.linalg.LinAlgError) as exc:
+        notes.append(f"fit failed ({exc}): defaults kept")
+        return PowerModel(
+            guess_static, scale0, default_prefill_weight, DEFAULT_EXPONENT, intervals=intervals, notes=notes
+        )
+    static, scale_w, w, gamma, cap = (float(v) for v in result.x)
+    resid = (model(result.x) - energy)[usable]
+    total = energy[usable] - energy[usable].mean()
+    r2 = 1.0 - float(resid @ resid) / float(total @ total) if total.any() else None
+    error = _standard_errors(result.jac, result.fun)
+    if not lo[2] * 1.001 >= hi[2] and error[2] > 0.5 * max(w, 0.1):
+        # e.g. every prefill step at the power cap: its power says nothing of a token's work
+        notes.append(
+            f"prefill weight not identified (±{error[2]:.2g}): default {default_prefill_weight:g} kept"
+        )
+        w = default_prefill_weight
+    work = steps.decode + w * steps.prefill
+    busy = work[work > 0]
+    if busy.size == 0 or np.ptp(busy) < 0.5 * float(np.mean(busy)):
+        gamma = DEFAULT_EXPONENT  # only the scale matters then: every step does the same work
+        notes.append("too little variation in step work to identify the exponent: 1.0 kept")
+    if cap >= float(np.max(scale_w * np.power(np.maximum(work, 1e-9), gamma))):
+        cap = float("inf")  # no step reached it: the run says nothing of a cap
+    return PowerModel(static, scale_w, w, gamma, cap, r2, intervals, notes)

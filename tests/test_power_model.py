@@ -1,0 +1,108 @@
+"""The fitted power model: steps inferred from token bursts, parameters from meter intervals."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from ipw_async.energy import step_starts
+from ipw_async.power_model import PowerModel, Steps, fit, infer_steps
+from ipw_async.records import RequestRecord, records_frame
+
+MS = 1_000_000
+
+
+def request(i: int, sent_ms: float, chunks_ms: list[float], prompt: int) -> RequestRecord:
+    chunks = [int(c * MS) for c in chunks_ms]
+    return RequestRecord(
+        request_id=i,
+        query_id=f"q{i}",
+        dataset="d",
+        prompt="p",
+        sent_ns=int(sent_ms * MS),
+        first_token_ns=chunks[0],
+        last_token_ns=chunks[-1],
+        closed_ns=chunks[-1] + MS,
+        chunk_ns=chunks,
+        chunk_tokens=[1] * len(chunks),
+        chunk_server_ns=[None] * len(chunks),
+        prompt_tokens=prompt,
+        usage_output_tokens=len(chunks),
+    )
+
+
+def test_a_long_prompt_is_placed_over_the_longer_steps_before_its_first_token() -> None:
+    # A decodes alone in 20 ms steps; B's 300-token prompt is prefilled 100 tokens a step in
+    # three 30 ms steps (ending 130, 160, 190 ms); its first token comes with the third
+    a_chunks = [20.0 * k for k in range(1, 6)] + [130.0, 160.0, 190.0] + [190.0 + 20 * k for k in range(1, 8)]
+    b_chunks = [190.0 + 20 * k for k in range(0, 8)]
+    frame = records_frame([request(0, 0.0, a_chunks, 10), request(1, 101.0, b_chunks, 300)])
+    frame = frame.with_columns(pl.lit(None, pl.Int64).alias("cached_prompt_tokens"))
+    steps = infer_steps(frame, step_starts(frame), np.array([0.0, 300.0]))
+    placed = {
+        int(steps.end[k] / MS): p
+        for r, k, p in zip(steps.req, steps.step, steps.entry_prefill, strict=True)
+        if r == 1 and p
+    }
+    assert sorted(placed) == [130, 160, 190]
+    assert [placed[t] for t in (130, 160, 190)] == pytest.approx([100, 100, 100], rel=0.15)
+    assert steps.duration_fit["per_prefill_token_ms"] == pytest.approx(0.1, rel=0.2)
+
+
+def synthetic(
+    model: PowerModel, seed: int, prefill_share: float = 0.3
+) -> tuple[np.ndarray, np.ndarray, Steps]:
+    """Back-to-back 10–40 ms steps of varying batch and prefill, read by a 100 ms counter."""
+    rng = np.random.default_rng(seed)
+    n = 600
+    duration = rng.uniform(10, 40, n) * MS
+    end = np.cumsum(duration)
+    start = end - duration
+    decode = rng.integers(1, 64, n).astype(float)
+    prefill = np.where(rng.random(n) < prefill_share, rng.uniform(50, 1500, n), 0.0)
+    steps = Steps(start, end, decode, prefill, *(np.zeros(0) for _ in range(4)))
+    knots = np.arange(0, end[-1] + 100 * MS, 100 * MS)
+    power = model.dynamic_w(decode + model.prefill_weight * prefill)
+    energy = np.zeros(knots.size - 1)
+    for s, e, p in zip(start, end, power, strict=True):
+        for j in range(int(s // (100 * MS)), int(e // (100 * MS)) + 1):
+            lo, hi = max(s, knots[j]), min(e, knots[min(j + 1, knots.size - 1)])
+            if hi > lo and j < energy.size:
+                energy[j] += p * (hi - lo) / 1e9
+    energy += model.static_w * np.diff(knots) / 1e9
+    return knots, energy, steps
+
+
+def test_the_fit_recovers_known_physics() -> None:
+    truth = PowerModel(static_w=60.0, scale_w=20.0, prefill_weight=0.8, exponent=0.7)
+    knots, energy, steps = synthetic(truth, seed=1)
+    model = fit(
+        knots, energy, np.ones(energy.size, dtype=bool), steps, static_w=None, default_prefill_weight=0.25
+    )
+    assert model.static_w == pytest.approx(60.0, rel=0.02)
+    assert model.scale_w == pytest.approx(20.0, rel=0.05)
+    assert model.prefill_weight == pytest.approx(0.8, rel=0.05)
+    assert model.exponent == pytest.approx(0.7, rel=0.03)
+    assert model.r2 is not None and model.r2 > 0.999 and not model.notes
+
+
+def test_a_measured_baseline_anchors_static_power() -> None:
+    truth = PowerModel(static_w=60.0, scale_w=20.0, prefill_weight=0.8, exponent=0.7)
+    knots, energy, steps = synthetic(truth, seed=2)
+    model = fit(
+        knots, energy, np.ones(energy.size, dtype=bool), steps, static_w=61.0, default_prefill_weight=0.25
+    )
+    assert model.static_w == pytest.approx(61.0, rel=0.002)
+
+
+def test_what_the_run_cannot_identify_falls_back_and_says_so() -> None:
+    truth = PowerModel(static_w=60.0, scale_w=20.0, prefill_weight=0.8, exponent=0.7)
+    knots, energy, steps = synthetic(truth, seed=3, prefill_share=0.0)
+    steps.decode[:] = 16.0  # every step the same batch, no prefill: no load variation at all
+    model = fit(
+        knots, energy, np.ones(energy.size, dtype=bool), steps, static_w=None, default_prefill_weight=0.25
+    )
+    assert model.prefill_weight == 0.25 and model.exponent == 1.0
+    assert any("prefill weight not identified" in n for n in model.notes)
+    assert any("exponent" in n for n in model.notes)
