@@ -62,7 +62,7 @@ def finalize_command(
     ],
     attribution: Annotated[
         str | None,
-        typer.Option(help="Attribution rule: tokens, equal or window. Default: the run's own."),
+        typer.Option(help="Attribution rule: tokens, fitted, equal or window. Default: the run's own."),
     ] = None,
     prefill_weight: Annotated[
         float | None,

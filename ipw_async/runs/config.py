@@ -176,7 +176,8 @@ class RunConfig:
     attribution: str = field(
         default="tokens",
         metadata=option(
-            "How overlapping queries share energy: tokens (by work), equal, or window (whole-window, over-counts)."
+            "How overlapping queries share energy: tokens (by work), fitted (experimental: by a power model "
+            "fitted to the run over inferred engine steps), equal, or window (whole-window, over-counts)."
         ),
     )
     prefill_weight: float = field(
