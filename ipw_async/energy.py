@@ -306,7 +306,8 @@ def attribute_meter(
     baseline = _baseline_w(vc, meter, config)
     fitted: dict[str, Any] = {}
     seg_eq = _equal_segments(sent, end)
-    if config.rule == "tokens":
+    # the engine's power model describes the accelerator; a host meter is shared by tokens
+    if config.rule == "tokens" or (config.rule == "fitted" and not meter.accelerator):
         seg_rule = _token_segments(requests, config.prefill_weight)
     elif config.rule == "fitted" and n:
         seg_rule, fitted, static_w = _fitted_segments(requests, vc, baseline, config.prefill_weight)
@@ -329,7 +330,7 @@ def attribute_meter(
     # dynamic energy by the rule (token work pooled per knot interval: see the module
     # docstring); where the rule sees no work but requests are active, equally
     working = d_rule > 0
-    if config.rule in ("tokens", "fitted"):
+    if config.rule in ("tokens", "fitted"):  # pooled per meter interval (module docstring)
         knots = vc.t.size - 1
         work_per_knot = np.bincount(knot_of, weights=d_rule * dt, minlength=knots)
         energy_per_knot = np.bincount(knot_of, weights=np.where(working, dynamic, 0.0), minlength=knots)

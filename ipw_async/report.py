@@ -15,6 +15,16 @@ def _num(value: float | None, fmt: str = ",.1f", unit: str = "") -> str:
     return "—" if value is None else f"{value:{fmt}}{unit}"
 
 
+def describe_model(model: dict[str, Any]) -> str:
+    """A fitted power model in one line: static + scale · work^exponent, its cap and fit."""
+    cap = f", cap {model['cap_w']:,.0f} W" if model.get("cap_w") is not None else ""
+    fit = f", R² {model['r2']:.3f}" if model.get("r2") is not None else ""
+    return (
+        f"{model['static_w']:,.1f} W + {model['scale_w']:.3g}·work^{model['exponent']:.2f} W{cap}; "
+        f"prefill token = {model['prefill_weight']:.2f} decode{fit}"
+    )
+
+
 def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
     """Headline figures of a run; a figure that was not measured shows as — (never 0)."""
     title = "ipw-async run" + (" [SIMULATED]" if summary.get("simulated") else "")
@@ -55,6 +65,9 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
             f"{_num(per_query.get('p50'), ',.2f')} ({_num(per_query.get('mean'), ',.2f')})",
         )
         table.add_row("J/output token", _num(energy.get("j_per_output_token"), ",.3f"))
+        for name, meter in energy.get("meters", {}).items():
+            if meter.get("power_model"):
+                table.add_row(f"power model ({name})", describe_model(meter["power_model"]))
         errs = [m.get("conservation_error") for m in energy.get("meters", {}).values()]
         errs = [abs(e) for e in errs if e is not None]
         if errs:
