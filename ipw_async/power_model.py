@@ -25,6 +25,7 @@ import polars as pl
 from scipy.optimize import least_squares, nnls
 
 DEFAULT_EXPONENT = 1.0
+MIN_R2 = 0.5  # below it, the fitted curve is noise: work is counted linearly instead
 
 
 @dataclass
@@ -95,7 +96,7 @@ def infer_steps(requests: pl.DataFrame, bursts: np.ndarray, prefill_tokens: np.n
 
 
 def _place_prefill(steps: Steps, sent: np.ndarray, first_step: np.ndarray, tokens: np.ndarray) -> None:
-    """Each prompt over the steps between its arrival and its first token, in proportion to
+    """Each prompt over the steps from its arrival to its first token, in proportion to
     the room their extra time (over decode alone) leaves after the prompts that finished
     first; with no room anywhere, in the first-token step."""
     duration = steps.end - steps.start
@@ -110,7 +111,8 @@ def _place_prefill(steps: Steps, sent: np.ndarray, first_step: np.ndarray, token
         prefill = np.zeros(steps.count)
         placed = {}
         for i, f in have:
-            first = int(np.searchsorted(steps.end, sent[i], side="right"))
+            # a request joins the batch at the first step that starts after it arrived
+            first = int(np.searchsorted(steps.start, sent[i], side="left"))
             window = np.arange(min(first, f), f + 1)
             free = np.maximum(room[window] - prefill[window], 0.0)
             share = free / free.sum() if free.sum() > 0 else (window == f).astype(float)
@@ -270,6 +272,14 @@ def fit(
     resid = (model(result.x) - energy)[usable]
     total = energy[usable] - energy[usable].mean()
     r2 = 1.0 - float(resid @ resid) / float(total @ total) if total.any() else None
+    if r2 is None or r2 < MIN_R2:
+        notes.append(
+            f"the model explains too little of the meter's intervals (R² {r2 if r2 is not None else float('nan'):.2f}): "
+            "work counted linearly, with the default prefill weight"
+        )
+        return PowerModel(
+            static, scale_w, default_prefill_weight, DEFAULT_EXPONENT, r2=r2, intervals=intervals, notes=notes
+        )
     error = _standard_errors(result.jac, result.fun)
     if not lo[2] * 1.001 >= hi[2] and error[2] > 0.5 * max(w, 0.1):
         # e.g. every prefill step at the power cap: its power says nothing of a token's work
