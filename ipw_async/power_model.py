@@ -272,26 +272,26 @@ def fit(
     resid = (model(result.x) - energy)[usable]
     total = energy[usable] - energy[usable].mean()
     r2 = 1.0 - float(resid @ resid) / float(total @ total) if total.any() else None
-    if r2 is None or r2 < MIN_R2:
-        notes.append(
-            f"the model explains too little of the meter's intervals (R² {r2 if r2 is not None else float('nan'):.2f}): "
-            "work counted linearly, with the default prefill weight"
-        )
-        return PowerModel(
-            static, scale_w, default_prefill_weight, DEFAULT_EXPONENT, r2=r2, intervals=intervals, notes=notes
-        )
-    error = _standard_errors(result.jac, result.fun)
-    if not lo[2] * 1.001 >= hi[2] and error[2] > 0.5 * max(w, 0.1):
-        # e.g. every prefill step at the power cap: its power says nothing of a token's work
-        notes.append(
-            f"prefill weight not identified (±{error[2]:.2g}): default {default_prefill_weight:g} kept"
-        )
-        w = default_prefill_weight
     work = steps.decode + w * steps.prefill
     busy = work[work > 0]
     if busy.size == 0 or np.ptp(busy) < 0.5 * float(np.mean(busy)):
-        gamma = DEFAULT_EXPONENT  # only the scale matters then: every step does the same work
         notes.append("too little variation in step work to identify the exponent: 1.0 kept")
-    if cap >= float(np.max(scale_w * np.power(np.maximum(work, 1e-9), gamma))):
-        cap = float("inf")  # no step reached it: the run says nothing of a cap
+        gamma, cap = DEFAULT_EXPONENT, float("inf")  # only the scale matters: all steps work alike
+    elif r2 is None or r2 < MIN_R2:
+        shown = "n/a" if r2 is None else f"{r2:.2f}"
+        notes.append(
+            f"the model explains too little of the meter's intervals (R² {shown}): work counted linearly"
+        )
+        w, gamma, cap = default_prefill_weight, DEFAULT_EXPONENT, float("inf")
+    else:
+        error = _standard_errors(result.jac, result.fun)
+        if lo[2] * 1.001 < hi[2] and error[2] > 0.5 * max(w, 0.1):
+            # e.g. every prefill step at the power cap: its power says nothing of a token's work
+            notes.append(
+                f"prefill weight not identified (±{error[2]:.2g}): default {default_prefill_weight:g} kept"
+            )
+            w = default_prefill_weight
+        work = steps.decode + w * steps.prefill
+        if cap >= float(np.max(scale_w * np.power(np.maximum(work, 1e-9), gamma))):
+            cap = float("inf")  # no step reached it: the run says nothing of a cap
     return PowerModel(static, scale_w, w, gamma, cap, r2, intervals, notes)

@@ -33,11 +33,12 @@ def request(i: int, sent_ms: float, chunks_ms: list[float], prompt: int) -> Requ
 
 
 def test_a_long_prompt_is_placed_over_the_longer_steps_before_its_first_token() -> None:
-    # A decodes alone in 20 ms steps; B's 300-token prompt is prefilled 100 tokens a step in
-    # three 30 ms steps (ending 130, 160, 190 ms); its first token comes with the third
+    # A decodes alone in 20 ms steps; B, arriving at 95 ms, has its 300-token prompt prefilled
+    # 100 tokens a step in three 30 ms steps (ending 130, 160, 190 ms); its first token comes
+    # with the third
     a_chunks = [20.0 * k for k in range(1, 6)] + [130.0, 160.0, 190.0] + [190.0 + 20 * k for k in range(1, 8)]
     b_chunks = [190.0 + 20 * k for k in range(0, 8)]
-    frame = records_frame([request(0, 0.0, a_chunks, 10), request(1, 101.0, b_chunks, 300)])
+    frame = records_frame([request(0, 0.0, a_chunks, 10), request(1, 95.0, b_chunks, 300)])
     frame = frame.with_columns(pl.lit(None, pl.Int64).alias("cached_prompt_tokens"))
     steps = infer_steps(frame, step_starts(frame), np.array([0.0, 300.0]))
     placed = {
