@@ -26,6 +26,7 @@ import polars as pl
 
 from . import power_model
 from ._clock import NS
+from .power_model import computed_prompt_tokens, step_starts
 from .records import end_ns
 from .telemetry.base import Meter
 from .telemetry.cadence import PROBE_INTERVAL_NS, CounterGrid, last_updates
@@ -164,28 +165,12 @@ class Segments:
     density: np.ndarray
 
 
-def step_starts(requests: pl.DataFrame, split: float = 0.5) -> np.ndarray:
-    """Client-side times at which the server's engine steps delivered tokens.
-
-    A continuous-batching server emits one token for every running sequence at the end of each
-    step, so token arrivals across all requests come in bursts; a burst starts where arrivals
-    pause for more than ``split`` × the median inter-token latency.
-    """
-    arrivals = np.unique(requests.get_column("chunk_ns").explode().drop_nulls().to_numpy().astype(float))
-    if arrivals.size == 0:
-        return arrivals
-    itl = requests.get_column("itl_s").explode().drop_nulls().to_numpy()
-    itl = itl[itl > 0]
-    pause = split * float(np.median(itl)) * NS if itl.size else 0.0
-    return arrivals[np.concatenate(([True], np.diff(arrivals) > pause))]
-
-
 def _token_segments(requests: pl.DataFrame, prefill_weight: float) -> Segments:
     """Prefill work (prompt tokens × weight + the first token) over the engine step that ended
     with the first token, then each chunk's tokens over the gap since the previous chunk."""
     reqs, starts, ends, weights = [], [], [], []
     steps = step_starts(requests)
-    cols = requests.select("sent_ns", "end_ns", "chunk_ns", "chunk_tokens", _computed_prompt_tokens())
+    cols = requests.select("sent_ns", "end_ns", "chunk_ns", "chunk_tokens", computed_prompt_tokens())
     for i, (sent, end, chunks, tokens, prompt) in enumerate(cols.iter_rows()):
         prefill = prefill_weight * float(prompt)
         if chunks:
@@ -214,17 +199,12 @@ def _token_segments(requests: pl.DataFrame, prefill_weight: float) -> Segments:
     return Segments(np.asarray(reqs)[ok], s[ok], e[ok], w[ok] / dur[ok])
 
 
-def _computed_prompt_tokens() -> pl.Expr:
-    """Prompt tokens the server computed: those its prefix cache held were never prefilled."""
-    return pl.col("prompt_tokens").fill_null(0) - pl.col("cached_prompt_tokens").fill_null(0)
-
-
 def _fitted_segments(
     requests: pl.DataFrame, vc: VirtualCounter, static_w: float | None, prefill_weight: float
 ) -> tuple[Segments, dict[str, Any], float]:
     """Each request's share of each inferred step's modelled dynamic power; the fit's report
     and the static power to share equally (measured, else fitted)."""
-    computed = requests.select(_computed_prompt_tokens()).to_series().to_numpy().astype(float)
+    computed = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
     steps = power_model.infer_steps(requests, step_starts(requests), computed)
     model = power_model.fit(vc.t, np.diff(vc.e), ~vc.imputed, steps, static_w, prefill_weight)
     work = steps.decode + model.prefill_weight * steps.prefill

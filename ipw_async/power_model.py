@@ -24,8 +24,31 @@ import numpy as np
 import polars as pl
 from scipy.optimize import least_squares, nnls
 
+from ._clock import NS
+
 DEFAULT_EXPONENT = 1.0
 MIN_R2 = 0.5  # below it, the fitted curve is noise: work is counted linearly instead
+
+
+def step_starts(requests: pl.DataFrame, split: float = 0.5) -> np.ndarray:
+    """Client-side times at which the server's engine steps delivered tokens.
+
+    A continuous-batching server emits one token for every running sequence at the end of each
+    step, so token arrivals across all requests come in bursts; a burst starts where arrivals
+    pause for more than ``split`` × the median inter-token latency.
+    """
+    arrivals = np.unique(requests.get_column("chunk_ns").explode().drop_nulls().to_numpy().astype(float))
+    if arrivals.size == 0:
+        return arrivals
+    itl = requests.get_column("itl_s").explode().drop_nulls().to_numpy()
+    itl = itl[itl > 0]
+    pause = split * float(np.median(itl)) * NS if itl.size else 0.0
+    return arrivals[np.concatenate(([True], np.diff(arrivals) > pause))]
+
+
+def computed_prompt_tokens() -> pl.Expr:
+    """Prompt tokens the server computed: those its prefix cache held were never prefilled."""
+    return pl.col("prompt_tokens").fill_null(0) - pl.col("cached_prompt_tokens").fill_null(0)
 
 
 @dataclass
@@ -207,7 +230,7 @@ def fit(
     """Fit the model to the meter's intervals (``energy`` J per knot interval; ``usable`` marks
     those measured, not imputed). ``static_w``, when measured, anchors static power."""
     notes: list[str] = []
-    dt = np.diff(knots) / 1e9
+    dt = np.diff(knots) / NS
     intervals = int(usable.sum())
     guess_static = (
         static_w if static_w is not None else float(np.percentile(energy / np.maximum(dt, 1e-9), 5))
@@ -224,7 +247,7 @@ def fit(
         static, scale, w, gamma, cap = p
         work = steps.decode + w * steps.prefill
         step_power = np.minimum(cap, scale * np.power(np.maximum(work, 1e-9), gamma))
-        dyn = np.bincount(j, weights=step_power[k] * dur / 1e9, minlength=dt.size)
+        dyn = np.bincount(j, weights=step_power[k] * dur / NS, minlength=dt.size)
         return static * dt + dyn
 
     scale0 = max(float(np.mean(energy / np.maximum(dt, 1e-9))) - guess_static, 1.0) / max(
