@@ -149,8 +149,14 @@ class CounterTracker:
         return self._offset + raw
 
 
-def tracker_events(counters: dict[str, CounterTracker]) -> dict[str, dict[str, int]]:
-    return {channel: {"resets": t.resets, "wraps": t.wraps} for channel, t in counters.items()}
+class CountedSource(TelemetrySource):
+    """A source whose energy counters go through a :class:`CounterTracker` per channel, so
+    their resets and wraps reach the run's summary."""
+
+    counters: dict[str, CounterTracker]
+
+    def counter_events(self) -> dict[str, dict[str, int]]:
+        return {channel: {"resets": t.resets, "wraps": t.wraps} for channel, t in self.counters.items()}
 
 
 def timed_read(read: Callable[[], Reading]) -> tuple[Reading, int, int]:

@@ -12,14 +12,13 @@ from typing import Any
 
 from .._clock import now_ns
 from .base import (
+    CountedSource,
     CounterTracker,
     Meter,
     Quantity,
     Reading,
     SourceInfo,
     SourceUnavailable,
-    TelemetrySource,
-    tracker_events,
 )
 
 _MIB = 1 << 20  # memory in MiB, the unit nvidia-smi reports
@@ -44,7 +43,7 @@ class _Gpu:
     field_columns: list[str] = field(default_factory=list)
 
 
-class NvmlSource(TelemetrySource):
+class NvmlSource(CountedSource):
     """NVIDIA GPUs read through NVML; one ``gpu{i}`` channel and meter per selected GPU.
 
     ``gpus`` selects GPUs by NVML index ("0", PCI bus order, which may differ from CUDA's
@@ -111,9 +110,6 @@ class NvmlSource(TelemetrySource):
                     except self._error:
                         values[column] = None
         return values
-
-    def counter_events(self) -> dict[str, dict[str, int]]:
-        return tracker_events(self.counters)
 
     def close(self) -> None:
         if self._initialised:

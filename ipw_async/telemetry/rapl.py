@@ -9,14 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .base import (
+    CountedSource,
     CounterTracker,
     Meter,
     Quantity,
     Reading,
     SourceInfo,
     SourceUnavailable,
-    TelemetrySource,
-    tracker_events,
 )
 
 _PACKAGE_ZONE = re.compile(r"intel-rapl:(\d+)")
@@ -39,7 +38,7 @@ class _OpenZone:
     tracker: CounterTracker
 
 
-class RaplSource(TelemetrySource):
+class RaplSource(CountedSource):
     """RAPL package and DRAM energy counters: channels ``rapl.package-N`` and ``rapl.dram-N``.
 
     The counters wrap at ``max_energy_range_uj`` (hundreds of kJ, minutes at full power);
@@ -88,9 +87,6 @@ class RaplSource(TelemetrySource):
             else:
                 values[zone.column] = zone.tracker.update(raw) / 1e6
         return Reading(values)
-
-    def counter_events(self) -> dict[str, dict[str, int]]:
-        return tracker_events(self.counters)
 
     def close(self) -> None:
         for zone in self._open:
