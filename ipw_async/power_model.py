@@ -308,7 +308,17 @@ def fit(
         w, gamma, cap = default_prefill_weight, DEFAULT_EXPONENT, float("inf")
     else:
         error = _standard_errors(result.jac, result.fun)
-        if lo[2] * 1.001 < hi[2] and error[2] > 0.5 * max(w, 0.1):
+        raw = scale_w * np.power(np.maximum(work, 1e-9), gamma)
+        capped = float(steps.prefill[raw >= cap].sum()) / max(float(steps.prefill.sum()), 1e-9)
+        if lo[2] * 1.001 < hi[2] and capped > 0.5:
+            # a step at the power cap draws the same power whatever its prefill: the weight
+            # the fit found there is an artefact of the rest of the model
+            notes.append(
+                f"prefill weight not identified ({capped:.0%} of prefill ran at the power cap): "
+                f"default {default_prefill_weight:g} kept"
+            )
+            w = default_prefill_weight
+        elif lo[2] * 1.001 < hi[2] and error[2] > 0.5 * max(w, 0.1):
             # e.g. every prefill step at the power cap: its power says nothing of a token's work
             notes.append(
                 f"prefill weight not identified (±{error[2]:.2g}): default {default_prefill_weight:g} kept"
