@@ -107,3 +107,16 @@ def test_what_the_run_cannot_identify_falls_back_and_says_so() -> None:
     assert model.prefill_weight == 0.25 and model.exponent == 1.0
     assert any("prefill weight not identified" in n for n in model.notes)
     assert any("exponent" in n for n in model.notes)
+
+
+def test_a_prefill_weight_hidden_by_the_power_cap_is_not_claimed() -> None:
+    # every step that prefills draws the capped power: its power says nothing of the weight
+    truth = PowerModel(static_w=60.0, scale_w=20.0, prefill_weight=1.2, exponent=0.8, cap_w=400.0)
+    knots, energy, steps = synthetic(truth, seed=4, prefill_share=0.3)
+    model = fit(
+        knots, energy, np.ones(energy.size, dtype=bool), steps, static_w=None, default_prefill_weight=0.25
+    )
+    assert model.cap_w == pytest.approx(400.0, rel=0.02)
+    assert model.exponent == pytest.approx(0.8, rel=0.05)
+    assert model.prefill_weight == 0.25
+    assert any("ran at the power cap" in n for n in model.notes)
