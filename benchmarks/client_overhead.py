@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 
 from ipw_async import RunConfig, run_benchmark
-from ipw_async.runs import Display
+from ipw_async.harness import Display
 from ipw_async.sim import EngineConfig, SimConfig
 
 

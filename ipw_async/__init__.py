@@ -2,8 +2,8 @@
 
 from .energy import AttributionConfig, attribute
 from .files import read_arrow
+from .harness import RunAborted, RunConfig, RunDirError, RunError, RunResult, finalize, run, run_benchmark
 from .records import RequestRecord, Status
-from .runs import RunAborted, RunConfig, RunDirError, RunError, RunResult, finalize, run, run_benchmark
 from .traces import QueryTrace, Turn
 from .workload import Dataset, DatasetError, Query, Workload, WorkUnit
 

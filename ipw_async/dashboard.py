@@ -23,7 +23,7 @@ from rich.style import Style
 from .state import MeterState, RunState
 
 if TYPE_CHECKING:
-    from .runs import RunResult
+    from .harness import RunResult
 
 MAX_HZ = 4.0
 LOOP_LAG_WARN_MS = 20.0

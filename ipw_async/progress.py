@@ -11,7 +11,7 @@ from rich.console import Console
 from .state import RunState
 
 if TYPE_CHECKING:
-    from .runs import RunResult
+    from .harness import RunResult
 
 
 def progress_line(state: RunState) -> str:

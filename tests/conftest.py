@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ipw_async.runs import RunConfig
+from ipw_async.harness import RunConfig
 from ipw_async.sim import EngineConfig, Faults, SimConfig, SimulatorProcess
 
 

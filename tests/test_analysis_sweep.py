@@ -21,7 +21,7 @@ from ipw_async.analysis import analyze, load_run, plot_run, run_sweep
 from ipw_async.analysis.constraints import best_levels
 from ipw_async.analysis.sweep import SweepResult, judge
 from ipw_async.cli import app
-from ipw_async.runs import RunConfig
+from ipw_async.harness import RunConfig
 
 SWEEP_FILES = {
     "raw_runs.csv",

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from ipw_async._options import options_of
 from ipw_async.cli import app
-from ipw_async.runs import RunConfig
+from ipw_async.harness import RunConfig
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ from typing import Any
 import polars as pl
 
 from .. import files
-from ..runs.directory import Manifest, RunDirError
+from ..harness.directory import Manifest, RunDirError
 from ..stats import measured
 from ..telemetry.base import Meter, Quantity
 from ..telemetry.cadence import CounterGrid

@@ -19,9 +19,9 @@ from typing import Any
 import polars as pl
 
 from .. import files
+from ..harness import Display, Manifest, RunConfig, RunDirError, RunError, run_benchmark
+from ..harness.directory import slug
 from ..load import LoadSpec
-from ..runs import Display, Manifest, RunConfig, RunDirError, RunError, run_benchmark
-from ..runs.directory import slug
 from .constraints import BEST, best_levels, validate, violations
 from .headline import FIGURES, headline_figures
 from .pareto import pareto_front

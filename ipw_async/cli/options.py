@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from .._options import options_of
-from ..runs import RunConfig
+from ..harness import RunConfig
 from ._common import fail
 
 DISPLAY_PARAMETERS = [

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ..runs import RunAborted, RunConfig, RunDirError, RunError, finalize, run_benchmark
-from ..runs.session import Display
+from ..harness import RunAborted, RunConfig, RunDirError, RunError, finalize, run_benchmark
+from ..harness.session import Display
 from ..sim import EngineConfig, Faults, SimConfig, serve
 from ._common import Debug, err, fail, out
 from .options import RUN_PARAMETERS, parameters, run_config, values_for, with_parameters

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import numpy as np
+import polars as pl
 
 from .. import files
 from .._clock import NS, ClockAnchor, now_ns
@@ -134,7 +135,7 @@ class _TelemetryFile:
 
     def __init__(self, path: Path, log: TelemetryLog) -> None:
         self.log = log
-        self.stream = files.StreamWriter(path, files.to_arrow(log.frame(len(log))).schema)
+        self.stream = files.StreamWriter(path, files.to_arrow(pl.DataFrame(schema=log.schema)).schema)
 
     def flush(self) -> None:
         self.stream.write(files.to_arrow(self.log.frame(self.stream.rows)))

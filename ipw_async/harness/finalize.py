@@ -14,7 +14,7 @@ from typing import Any
 import polars as pl
 
 from .. import files
-from ..energy import RULES, AttributionConfig, attribute
+from ..energy import AttributionConfig, attribute
 from ..records import RECORD_SCHEMA
 from ..stats import distribution, latency_stats
 from ..traces import traces_from_records, write_traces
@@ -59,21 +59,18 @@ def finalize(
     records = _read_records(run_dir)
     telemetry = _read_telemetry(run_dir, manifest)
     config = manifest.config
-    rule = attribution or config["attribution"]
-    if rule not in RULES:
-        raise ValueError(f"unknown attribution rule {rule!r}; choose one of {', '.join(RULES)}")
+    settings = AttributionConfig(  # raises ValueError for an unknown rule
+        rule=attribution or config["attribution"],
+        prefill_weight=config["prefill_weight"] if prefill_weight is None else prefill_weight,
+        baseline_w=config["baseline_w"] if baseline_w is None else baseline_w,
+        baseline_window_ns=manifest.baseline_window_ns,
+    )
     energy_section: dict[str, Any] = {
         "meters": {},
         "skipped": manifest.skipped,
         "baseline_window_ns": list(manifest.baseline_window_ns) if manifest.baseline_window_ns else None,
     }
     if telemetry is not None and manifest.meters:
-        settings = AttributionConfig(
-            rule=rule,
-            prefill_weight=config["prefill_weight"] if prefill_weight is None else prefill_weight,
-            baseline_w=config["baseline_w"] if baseline_w is None else baseline_w,
-            baseline_window_ns=manifest.baseline_window_ns,
-        )
         records, section = attribute(telemetry, manifest.meters, records, settings)
         energy_section |= section
     files.write_frame(records, run_dir / files.RECORDS)

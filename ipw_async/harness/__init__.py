@@ -1,4 +1,4 @@
-"""A benchmark run: its config, the live session, and finishing from its directory."""
+"""The harness: one run's config, the live session, its executor and directory, and finishing."""
 
 from .config import RunConfig
 from .directory import Manifest, RunDirError
