@@ -4,10 +4,11 @@ from .energy import AttributionConfig, attribute
 from .files import read_arrow
 from .harness import RunAborted, RunConfig, RunDirError, RunError, RunResult, finalize, run, run_benchmark
 from .records import RequestRecord, Status
-from .traces import QueryTrace, Turn
-from .workload import Dataset, DatasetError, Query, Workload, WorkUnit
+from .traces import QueryTrace, ToolCall, TurnTrace
+from .workload import Dataset, DatasetError, Query, TaskLog, Workload, WorkUnit
+from .workload.tools import Tool, Toolbox, ToolLatency
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "AttributionConfig",
@@ -22,7 +23,12 @@ __all__ = [
     "RunError",
     "RunResult",
     "Status",
-    "Turn",
+    "TaskLog",
+    "Tool",
+    "ToolCall",
+    "ToolLatency",
+    "Toolbox",
+    "TurnTrace",
     "WorkUnit",
     "Workload",
     "attribute",

@@ -161,12 +161,16 @@ class StreamParser:
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta")
+            calls = None
             if delta is not None:
                 text = delta.get("content")
                 thought = delta.get("reasoning_content") or delta.get("reasoning")
+                calls = delta.get("tool_calls")
+                if calls:
+                    _add_tool_calls(record, calls)
             else:
                 text, thought = choice.get("text"), None
-            if text or thought:
+            if text or thought or calls:
                 if record.first_token_ns is None:
                     record.first_token_ns = t
                 record.last_token_ns = t
@@ -188,6 +192,24 @@ class StreamParser:
         record.reasoning = "".join(self._reasoning)
         if not self.done and record.finish_reason is None and record.status is Status.OK:
             _fail(record, ErrorType.DISCONNECT, "the stream ended before the server said it was done")
+
+
+def _add_tool_calls(record: RequestRecord, deltas: list[dict[str, Any]]) -> None:
+    """Streamed tool calls arrive in pieces: the first names the call, the rest extend its
+    JSON arguments; ``index`` says which call a piece belongs to."""
+    calls = record.tool_calls
+    for delta in deltas:
+        index = delta.get("index", len(calls) - 1 if calls else 0)
+        while len(calls) <= index:
+            calls.append({"id": None, "name": "", "arguments": ""})
+        call = calls[index]
+        if delta.get("id"):
+            call["id"] = delta["id"]
+        function = delta.get("function") or {}
+        if function.get("name"):
+            call["name"] += function["name"]
+        if function.get("arguments"):
+            call["arguments"] += function["arguments"]
 
 
 def apply_events(record: RequestRecord, events: list[tuple[int, bytes]], t0_ns: int = 0) -> None:
@@ -286,22 +308,26 @@ class StreamingClient:
         await self._http.aclose()
 
     def body(self, query: Query, model: str, stop: tuple[str, ...] = ()) -> bytes:
+        """One query as a request body under the configured endpoint."""
+        if self.config.endpoint == "chat":
+            fields: dict[str, Any] = {"messages": [{"role": "user", "content": query.prompt}]}
+        else:
+            fields = {"prompt": query.prompt} | ({"stop": list(stop)} if stop else {})
+        return self.payload(model, fields | query.extra_body, query.max_tokens)
+
+    def payload(self, model: str, fields: dict[str, Any], max_tokens: int | None = None) -> bytes:
+        """A streaming request body: ``fields`` (messages or prompt, tools, stop, …) over the
+        run's defaults, and the user's ``--param`` values over everything."""
         cfg = self.config
         payload: dict[str, Any] = {
             "model": model,
             "stream": True,
             "stream_options": {"include_usage": True},
-            "max_tokens": query.max_tokens or cfg.max_tokens,
+            "max_tokens": max_tokens or cfg.max_tokens,
         }
-        if cfg.endpoint == "chat":
-            payload["messages"] = [{"role": "user", "content": query.prompt}]
-        else:
-            payload["prompt"] = query.prompt
-            if stop:
-                payload["stop"] = list(stop)
         if cfg.temperature is not None:
             payload["temperature"] = cfg.temperature
-        payload.update(query.extra_body)
+        payload.update(fields)
         payload.update(cfg.params)
         return json.dumps(payload).encode()
 

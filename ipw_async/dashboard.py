@@ -217,17 +217,21 @@ def _bar(fraction: float) -> str:
 
 
 def _progress(state: RunState, elapsed: float, rate: float) -> str:
+    done = state.units_done
+    unit = " tasks" if state.multi_turn else ""
+    if state.multi_turn:
+        rate = done / elapsed if elapsed > 0 else 0.0
     if state.planned:
-        fraction = state.done / state.planned
-        remaining = state.planned - state.done
+        fraction = done / state.planned
+        remaining = state.planned - done
         eta = _clock(remaining / rate) if rate > 0 and remaining > 0 else DASH
-        return f"{_bar(fraction)} {state.done:,}/{state.planned:,} ({fraction:.0%}) · ETA {eta}"
+        return f"{_bar(fraction)} {done:,}/{state.planned:,}{unit} ({fraction:.0%}) · ETA {eta}"
     if state.duration_s:
         return (
             f"{_bar(elapsed / state.duration_s)} {_clock(elapsed)} / {_clock(state.duration_s)}"
-            f" · {state.done:,} done"
+            f" · {done:,}{unit} done"
         )
-    return f"{_clock(elapsed)} elapsed · {state.done:,} done"
+    return f"{_clock(elapsed)} elapsed · {done:,}{unit} done"
 
 
 def _meter_value(meter: MeterState) -> Line:
@@ -291,7 +295,11 @@ def render(
 
     row("progress", _progress(state, elapsed, req_s or run_req_s))
     target = f" / {state.target_in_flight} target" if state.target_in_flight else ""
-    row("in flight", f"{state.in_flight:,}{target}")
+    if state.multi_turn:
+        accuracy = f" · {state.tasks_correct / state.tasks_done:.0%} correct" if state.tasks_done else ""
+        row("in flight", f"{state.tasks_in_flight:,} tasks{target} · {state.in_flight:,} turns{accuracy}")
+    else:
+        row("in flight", f"{state.in_flight:,}{target}")
     row("requests/s", f"{req_s:,.1f} (last 5 s) · {run_req_s:,.1f} (run)")
     row("output tok/s", f"{tok_s:,.0f} (last 5 s) · {run_tok_s:,.0f} (run)")
     row("latency", f"TTFT p50 {_ms(ttft50)} · p95 {_ms(ttft95)} · TPOT p50 {_ms(tpot50)}")

@@ -428,6 +428,30 @@ def attribute(
     return records.join(frame, on="request_id", how="left"), section
 
 
+def energy_over(
+    telemetry: pl.DataFrame,
+    meters: list[Meter],
+    windows: list[list[tuple[int, int]]],
+    gap_factor: float = 4.0,
+) -> list[float | None]:
+    """What ``meters`` measured (together) over each item's windows (ns since run start): the
+    whole device's energy, not a share; null where a meter's data does not cover a window."""
+    counters = [virtual_counter(telemetry, m, gap_factor) for m in meters]
+    if not counters:
+        return [None] * len(windows)
+    out: list[float | None] = []
+    for spans in windows:
+        total: float | None = 0.0
+        for vc in counters:
+            for a, b in spans:
+                if vc is None or a < vc.t[0] or b > vc.t[-1] or total is None:
+                    total = None
+                    break
+                total += float(np.interp(b, vc.t, vc.e) - np.interp(a, vc.t, vc.e))
+        out.append(total)
+    return out
+
+
 def _complete(results: list[MeterResult]) -> bool:
     return all("total_j" in r.totals for r in results)
 

@@ -25,6 +25,7 @@ RUN = "run.json"
 RECORDS = "records.arrow"
 TELEMETRY = "telemetry.arrow"
 TRACES = "traces.jsonl"
+TASKS = "tasks.jsonl"  # agentic and multi-turn runs: each task as the harness saw it end
 SUMMARY = "summary.json"
 
 _FILE_MAGIC = b"ARROW1"  # an Arrow IPC *file* (footer and all): what earlier versions wrote
@@ -193,3 +194,36 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
 
 def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
+
+
+class JsonLines:
+    """Appends one JSON object per line, each in a single ``write``: a killed process leaves
+    whole lines behind. The file is created by the first line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def append(self, payload: dict[str, Any]) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(self._fd, (json.dumps(_clean(payload), default=str) + "\n").encode())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every whole line of a JSON-lines file; a last line cut short by a crash is left out."""
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    if line.endswith("\n"):
+                        raise
+    return out

@@ -19,8 +19,12 @@ def progress_line(state: RunState) -> str:
     total = f"/{state.planned}" if state.planned else ""
     parts = [
         f"{'[simulated] ' if state.simulated else ''}{state.elapsed_s():6.1f}s {state.phase}",
-        f"{state.done}{total} done",
-        f"{state.in_flight} in flight",
+        f"{state.units_done}{total}{' tasks' if state.multi_turn else ''} done",
+        (
+            f"{state.tasks_in_flight} tasks · {state.in_flight} turns in flight"
+            if state.multi_turn
+            else f"{state.in_flight} in flight"
+        ),
         f"{req_s:.1f} req/s",
         f"{tok_s:,.0f} tok/s",
         f"errors {state.failed}",

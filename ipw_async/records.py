@@ -49,6 +49,9 @@ class RequestRecord:
     prompt: str
     reference: str | None = None
     warmup: bool = False
+    # agentic and multi-turn runs: the task this call belongs to, and its place in the task
+    task_id: int | None = None
+    turn_index: int | None = None
     # timing events
     scheduled_ns: int = 0
     dispatched_ns: int | None = None
@@ -66,6 +69,7 @@ class RequestRecord:
     answer: str = ""
     reasoning: str = ""
     finish_reason: str | None = None
+    tool_calls: list[dict[str, str | None]] = field(default_factory=list)  # id, name, arguments
     # token counts: from the server's usage when it sent one
     prompt_tokens: int | None = None
     cached_prompt_tokens: int | None = None  # of prompt_tokens, found in the server's prefix cache
@@ -146,6 +150,7 @@ def _server_stamps(r: RequestRecord) -> list[int | None] | None:
 
 
 _attr = operator.attrgetter
+_TOOL_CALL = pl.Struct({"id": pl.String(), "name": pl.String(), "arguments": pl.String()})
 
 # The columns of records.arrow before energy, in one table: name, type, and how a record gives it.
 COLUMNS: tuple[tuple[str, pl.DataType, Callable[[RequestRecord], object]], ...] = (
@@ -153,11 +158,14 @@ COLUMNS: tuple[tuple[str, pl.DataType, Callable[[RequestRecord], object]], ...] 
     ("query_id", pl.String(), _attr("query_id")),
     ("dataset", pl.String(), _attr("dataset")),
     ("warmup", pl.Boolean(), _attr("warmup")),
+    ("task_id", pl.Int64(), _attr("task_id")),
+    ("turn_index", pl.Int32(), _attr("turn_index")),
     ("prompt", pl.String(), _attr("prompt")),
     ("reference", pl.String(), _attr("reference")),
     ("answer", pl.String(), _attr("answer")),
     ("reasoning", pl.String(), lambda r: r.reasoning or None),
     ("finish_reason", pl.String(), _attr("finish_reason")),
+    ("tool_calls", pl.List(_TOOL_CALL), _attr("tool_calls")),
     ("correct", pl.Boolean(), _attr("correct")),
     ("status", pl.String(), lambda r: str(r.status)),
     ("http_status", pl.Int32(), _attr("http_status")),

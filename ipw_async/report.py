@@ -25,6 +25,40 @@ def describe_model(model: dict[str, Any]) -> str:
     )
 
 
+def _task_rows(table: Table, tasks: dict[str, Any]) -> None:
+    outcomes = ", ".join(f"{k} {v}" for k, v in sorted(tasks["outcomes"].items()))
+    table.add_row("tasks", f"{tasks['count']} ({outcomes})")
+    if tasks.get("success_rate") is not None:
+        table.add_row("task success", f"{tasks['success_rate']:.1%} ({tasks['correct']} correct)")
+    table.add_row("tasks/s", _num(tasks.get("tasks_per_s"), ",.2f"))
+    turns, wall = tasks["turns"], tasks["wall_s"]
+    table.add_row(
+        "turns per task p50 (mean)", f"{_num(turns.get('p50'), ',.0f')} ({_num(turns.get('mean'), ',.1f')})"
+    )
+    split = " · ".join(
+        f"{name} {_num(tasks[key].get('mean'), ',.2f', ' s')}"
+        for name, key in (
+            ("model", "model_s"),
+            ("tools", "tool_s"),
+            ("think", "think_s"),
+            ("queue", "queue_s"),
+        )
+        if tasks[key].get("mean")
+    )
+    table.add_row(
+        "task wall p50 / p99",
+        f"{_num(wall.get('p50'), ',.2f', ' s')} / {_num(wall.get('p99'), ',.2f', ' s')}",
+    )
+    if split:
+        table.add_row("task time (mean)", split)
+    if tasks.get("j_per_task") is not None:
+        per_success = _num(tasks.get("j_per_successful_task"), ",.1f", " J")
+        table.add_row("J/task (per success)", f"{tasks['j_per_task']:,.1f} J ({per_success})")
+        waits = tasks["tool_wait_device_j"].get("mean")
+        if waits:
+            table.add_row("device J during tool waits", f"{waits:,.1f} J per task (not charged)")
+
+
 def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
     """Headline figures of a run; a figure that was not measured shows as — (never 0)."""
     title = "ipw-async run" + (" [SIMULATED]" if summary.get("simulated") else "")
@@ -47,7 +81,10 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
     for name in ("ttft", "tpot", "e2e"):
         dist = lat.get(name, {})
         table.add_row(f"{name} p50 / p99", f"{_ms(dist.get('p50'))} / {_ms(dist.get('p99'))}")
-    if acc.get("scored"):
+    tasks = summary.get("tasks")
+    if tasks:
+        _task_rows(table, tasks)
+    elif acc.get("scored"):
         table.add_row("accuracy", f"{acc['accuracy']:.1%} of {acc['scored']}")
     energy = summary.get("energy", {})
     if energy.get("total_j") is not None:

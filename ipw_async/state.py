@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from ._clock import NS, now_ns
 from .records import RequestRecord, Status
+
+if TYPE_CHECKING:
+    from .workload import TaskLog
 
 
 class Phase(StrEnum):
@@ -57,6 +61,28 @@ class RunState:
     sampler_lateness_ms: float | None = None  # recent p99
     loop_lag_ms: float | None = None  # recent p99
     run_dir: str | None = None
+    # multi-turn runs: units are tasks, each many requests
+    tasks_in_flight: int = 0
+    tasks_done: int = 0
+    tasks_correct: int = 0
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.tasks_in_flight > 0 or self.tasks_done > 0
+
+    @property
+    def units_done(self) -> int:
+        """What ``planned`` counts: tasks in a multi-turn run, else requests."""
+        return self.tasks_done if self.multi_turn else self.done
+
+    def task_started(self) -> None:
+        self.tasks_in_flight += 1
+
+    def task_finished(self, log: TaskLog) -> None:
+        self.tasks_in_flight -= 1
+        if not log.warmup:
+            self.tasks_done += 1
+            self.tasks_correct += bool(log.correct)
 
     def started(self) -> None:
         self.in_flight += 1

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
 from ._clock import NS
 from .records import end_ns
+
+if TYPE_CHECKING:
+    from .traces import QueryTrace
 
 PERCENTILES = (50, 90, 95, 99, 99.9)
 
@@ -92,3 +95,55 @@ def _token_source(ok: pl.DataFrame) -> str | None:
     if not sources:
         return None
     return sources.pop() if len(sources) == 1 else "mixed"
+
+
+def task_stats(traces: list[QueryTrace], window: float | None) -> dict[str, Any]:
+    """Per-task figures of a multi-turn run, over its measured tasks.
+
+    ``success_rate`` is correct / all tasks (a task that ran out of turns counts as a
+    failure); ``j_per_successful_task`` is the energy of all measured tasks over the number
+    that succeeded: what one success costs, failures included.
+    """
+    tasks = [t for t in traces if not t.warmup]
+    outcomes: dict[str, int] = {}
+    for t in tasks:
+        outcomes[t.status] = outcomes.get(t.status, 0) + 1
+    correct = sum(1 for t in tasks if t.correct)
+    energies = [t.energy_j for t in tasks]
+    known = [e for e in energies if e is not None]
+    all_known = bool(tasks) and len(known) == len(tasks)
+    total_j = sum(known) if all_known else None
+    success = correct / len(tasks) if tasks else None
+    mean_j = total_j / len(tasks) if total_j is not None and tasks else None
+
+    def dist(values: list[float | None]) -> dict[str, float | int | None]:
+        return distribution([v for v in values if v is not None])
+
+    return {
+        "count": len(tasks),
+        "outcomes": outcomes,
+        "correct": correct,
+        "success_rate": success,
+        "tasks_per_s": len(tasks) / window if window else None,
+        "turns": dist([len(t.turns) for t in tasks]),
+        "input_tokens": dist([_sum(u.input_tokens for u in t.turns) for t in tasks]),
+        "cached_input_tokens": dist([_sum(u.cached_input_tokens for u in t.turns) for t in tasks]),
+        "output_tokens": dist([_sum(u.output_tokens for u in t.turns) for t in tasks]),
+        "tool_calls": dist([sum(len(u.tools_called) for u in t.turns) for t in tasks]),
+        "wall_s": dist([t.total_wall_clock_s for t in tasks]),
+        "model_s": dist([t.model_s for t in tasks]),
+        "tool_s": dist([t.tool_s for t in tasks]),
+        "think_s": dist([t.think_s for t in tasks]),
+        "queue_s": dist([t.queue_s for t in tasks]),
+        "energy_j": dist(list(energies)),
+        "j_per_task": mean_j,
+        "j_per_successful_task": total_j / correct if total_j is not None and correct else None,
+        "ipj": success / mean_j if success is not None and mean_j else None,
+        "tool_wait_device_j": dist([t.tool_wait_device_j for t in tasks]),
+        "cost_usd_per_task": dist([t.cost_usd for t in tasks]),
+    }
+
+
+def _sum(values: Any) -> float | None:
+    items = [v for v in values if v is not None]
+    return float(sum(items)) if items else None

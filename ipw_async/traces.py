@@ -1,13 +1,23 @@
-"""Query traces: one JSON line per query with its turns (one for single-turn runs, many for agents)."""
+"""Query traces: one JSON line per query or task, with its turns (one for single-turn runs, one
+per LLM call for agentic and multi-turn runs).
+
+Per task, wall time is split into model time (its calls' streams, sent to closed), tool time,
+think time, and the rest (``queue_s``: waiting for a slot under the load's cap, and harness
+overhead). Energy is the sum of the turns' attributed energy; the device energy during the
+task's tool waits is shown beside it, not charged to it (other tasks used the device then).
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+
+from ._clock import NS
 
 
 @dataclass
@@ -15,22 +25,32 @@ class ToolCall:
     name: str
     latency_s: float | None = None
     ok: bool = True
+    arguments: str | None = None
+    output: str | None = None
 
 
 @dataclass
-class Turn:
-    turn: int
+class TurnTrace:
+    turn_index: int
     request_id: int
     input_tokens: int | None
     output_tokens: int | None
     ttft_s: float | None
     e2e_latency_s: float | None
+    cached_input_tokens: int | None = None
+    stream_time_s: float | None = None
     energy_j: float | None = None
     energy_provenance: str | None = None
-    mean_power_w: float | None = None
+    power_w: float | None = None
+    cost_usd: float | None = None
     status: str = "ok"
     error_type: str | None = None
-    tools: list[ToolCall] = field(default_factory=list)
+    think_s: float | None = None
+    tools_called: list[ToolCall] = field(default_factory=list)
+
+    @property
+    def tool_latency_s(self) -> float:
+        return sum(t.latency_s or 0.0 for t in self.tools_called)
 
 
 @dataclass
@@ -39,31 +59,46 @@ class QueryTrace:
     dataset: str
     prompt: str
     reference: str | None
-    answer: str
+    answer: str | None
     correct: bool | None
-    status: str
+    status: str  # ok/error for a single request; a task's outcome (answered, max_turns, …)
+    completed: bool
     warmup: bool
-    turns: list[Turn]
+    turns: list[TurnTrace]
+    task_id: int | None = None
+    total_wall_clock_s: float | None = None
+    model_s: float | None = None
+    tool_s: float | None = None
+    think_s: float | None = None
+    queue_s: float | None = None
+    tool_wait_device_j: float | None = None  # device energy during tool waits, not charged
 
     @property
     def energy_j(self) -> float | None:
         """Sum over turns; null when any turn's energy is unknown (missing is not zero)."""
-        values = [t.energy_j for t in self.turns]
-        return None if not values or any(v is None for v in values) else sum(values)  # type: ignore[arg-type]
+        return _total(t.energy_j for t in self.turns)
+
+    @property
+    def cost_usd(self) -> float | None:
+        return _total(t.cost_usd for t in self.turns)
 
     def to_json(self) -> str:
         payload = asdict(self)
         payload["energy_j"] = self.energy_j
+        payload["cost_usd"] = self.cost_usd
+        for turn, raw in zip(self.turns, payload["turns"], strict=True):
+            raw["tool_latency_s"] = turn.tool_latency_s
         return json.dumps(payload, default=str)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> QueryTrace:
-        raw = dict(raw)
-        raw.pop("energy_j", None)
         turns = [
-            Turn(**{**t, "tools": [ToolCall(**c) for c in t.get("tools", [])]}) for t in raw.pop("turns", [])
+            TurnTrace(
+                **{**_known(TurnTrace, t), "tools_called": [ToolCall(**c) for c in t.get("tools_called", [])]}
+            )
+            for t in raw.get("turns", [])
         ]
-        return cls(turns=turns, **raw)
+        return cls(**{**_known(cls, raw), "turns": turns})
 
     @staticmethod
     def load_jsonl(path: str | Path) -> list[QueryTrace]:
@@ -71,27 +106,46 @@ class QueryTrace:
             return [QueryTrace.from_dict(json.loads(line)) for line in f if line.strip()]
 
 
-def _get(row: dict[str, Any], key: str) -> Any:
-    return row.get(key)
+def _known(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
+    """The fields a dataclass takes (derived values written beside them are dropped)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in raw.items() if k in names}
 
 
-def traces_from_records(frame: pl.DataFrame) -> list[QueryTrace]:
+def _total(values: Iterable[float | None]) -> float | None:
+    items = list(values)
+    return None if not items or any(v is None for v in items) else sum(items)  # type: ignore[arg-type]
+
+
+def _cost(row: dict[str, Any], prices: tuple[float, float] | None) -> float | None:
+    if prices is None or row["prompt_tokens"] is None or row["output_tokens"] is None:
+        return None
+    return row["prompt_tokens"] * prices[0] + row["output_tokens"] * prices[1]
+
+
+def _turn(row: dict[str, Any], prices: tuple[float, float] | None, turn_index: int = 0) -> TurnTrace:
+    return TurnTrace(
+        turn_index=turn_index,
+        request_id=row["request_id"],
+        input_tokens=row["prompt_tokens"],
+        cached_input_tokens=row["cached_prompt_tokens"],
+        output_tokens=row["output_tokens"],
+        ttft_s=row["ttft_s"],
+        e2e_latency_s=row["e2e_latency_s"],
+        stream_time_s=row["stream_time_s"],
+        energy_j=row.get("energy_j"),
+        energy_provenance=row.get("energy_provenance"),
+        power_w=row.get("power_w"),
+        cost_usd=_cost(row, prices),
+        status=row["status"],
+        error_type=row["error_type"],
+    )
+
+
+def traces_from_records(frame: pl.DataFrame, prices: tuple[float, float] | None = None) -> list[QueryTrace]:
     """One single-turn trace per request row (energy columns used when present)."""
     traces = []
     for row in frame.iter_rows(named=True):
-        turn = Turn(
-            turn=0,
-            request_id=row["request_id"],
-            input_tokens=row["prompt_tokens"],
-            output_tokens=row["output_tokens"],
-            ttft_s=row["ttft_s"],
-            e2e_latency_s=row["e2e_latency_s"],
-            energy_j=_get(row, "energy_j"),
-            energy_provenance=_get(row, "energy_provenance"),
-            mean_power_w=_get(row, "power_w"),
-            status=row["status"],
-            error_type=row["error_type"],
-        )
         traces.append(
             QueryTrace(
                 query_id=row["query_id"],
@@ -101,11 +155,86 @@ def traces_from_records(frame: pl.DataFrame) -> list[QueryTrace]:
                 answer=row["answer"],
                 correct=row["correct"],
                 status=row["status"],
+                completed=row["status"] == "ok",
                 warmup=row["warmup"],
-                turns=[turn],
+                turns=[_turn(row, prices)],
+                total_wall_clock_s=row["stream_time_s"],
+                model_s=row["stream_time_s"],
+                queue_s=row["queue_s"],
             )
         )
     return traces
+
+
+COMPLETED = ("answered", "completed")  # task outcomes that reached the end of the task
+
+
+def traces_from_tasks(
+    tasks: list[dict[str, Any]],
+    rows: dict[int, dict[str, Any]],
+    prices: tuple[float, float] | None = None,
+    tool_wait_j: list[float | None] | None = None,
+) -> list[QueryTrace]:
+    """One trace per task log (``tasks.jsonl``), its turns from the attributed records' rows
+    (by request id)."""
+    traces = []
+    for i, task in enumerate(tasks):
+        turns, think = [], 0.0
+        for logged in task["turns"]:
+            row = rows.get(logged["request_id"])
+            if row is None:  # a call the records file lost (a crash before its flush)
+                continue
+            turn = _turn(row, prices, logged["turn_index"])
+            turn.think_s = logged.get("think_s")
+            turn.tools_called = [
+                ToolCall(t["name"], t["latency_s"], t["ok"], t.get("arguments"), t.get("output"))
+                for t in logged["tools"]
+            ]
+            think += turn.think_s or 0.0
+            turns.append(turn)
+        wall = None
+        if task.get("ended_ns") is not None:
+            wall = (task["ended_ns"] - task["scheduled_ns"]) / NS
+        model = sum(t.stream_time_s or 0.0 for t in turns)
+        tool = sum(t.tool_latency_s for t in turns)
+        traces.append(
+            QueryTrace(
+                query_id=task["query_id"],
+                dataset=task["dataset"],
+                prompt=task["prompt"],
+                reference=task["reference"],
+                answer=task["answer"],
+                correct=task["correct"],
+                status=task["outcome"],
+                completed=task["outcome"] in COMPLETED,
+                warmup=task["warmup"],
+                turns=turns,
+                task_id=task["task_id"],
+                total_wall_clock_s=wall,
+                model_s=model,
+                tool_s=tool,
+                think_s=think,
+                queue_s=None if wall is None else max(0.0, wall - model - tool - think),
+                tool_wait_device_j=None if tool_wait_j is None else tool_wait_j[i],
+            )
+        )
+    return traces
+
+
+def tool_waits(task: dict[str, Any], rows: dict[int, dict[str, Any]]) -> list[tuple[int, int]]:
+    """The task's tool waits on the run clock: from a turn's stream closing to the next call's send."""
+    waits = []
+    turns = task["turns"]
+    for k, logged in enumerate(turns):
+        row = rows.get(logged["request_id"])
+        if not logged["tools"] or row is None:
+            continue
+        start = row["closed_ns"] if row["closed_ns"] is not None else row["last_token_ns"]
+        following = rows.get(turns[k + 1]["request_id"]) if k + 1 < len(turns) else None
+        end = following["sent_ns"] if following is not None else task.get("ended_ns")
+        if start is not None and end is not None and end > start:
+            waits.append((start, end))
+    return waits
 
 
 def write_traces(path: Path, traces: list[QueryTrace]) -> None:

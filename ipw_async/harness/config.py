@@ -18,6 +18,8 @@ from ..energy import RULES
 from ..load import LoadSpec
 from ..scoring import SCORERS
 from ..sim import SimConfig
+from ..workload.agentic import PROTOCOLS
+from ..workload.tools import ToolLatency
 from .errors import RunError
 
 
@@ -33,6 +35,22 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+WORKLOADS = ("single", "agentic", "conversation")
+
+
+def parse_price(text: str | None) -> tuple[float, float] | None:
+    """``IN/OUT`` in USD per million tokens as USD per input and per output token."""
+    if text is None:
+        return None
+    try:
+        a, b = (float(x) / 1e6 for x in text.split("/"))
+    except ValueError:
+        raise ValueError(
+            f"--price {text!r}: expected IN/OUT in USD per million tokens, e.g. 0.15/0.60"
+        ) from None
+    return a, b
 
 
 def _gpu_list(text: str | None) -> list[str] | None:
@@ -70,6 +88,38 @@ class RunConfig:
         metadata=option(
             "qa (built-in questions with answers), synthetic (controlled lengths), or a .jsonl/.csv/.parquet/.arrow file."
         ),
+    )
+    workload: str = field(
+        default="single",
+        metadata=option(
+            "single (one request per query), agentic (tool-using tasks over many turns; "
+            "--concurrency and --rate count tasks) or conversation (multi-turn chats replayed "
+            "from --dataset FILE.jsonl, or built from the QA set)."
+        ),
+    )
+    agent_protocol: str = field(
+        default="auto",
+        metadata=option(
+            "agentic: tools (OpenAI tool calling), react (text Action:/Observation:, for base "
+            "models) or auto (tools on chat, react on completions)."
+        ),
+    )
+    max_turns: int = field(
+        default=10, metadata=option("agentic: LLM calls a task may make before it gives up.")
+    )
+    task_timeout: float | None = field(
+        default=None, metadata=option("agentic: seconds after which a task starts no new turn.")
+    )
+    tool_latency: str = field(
+        default="0",
+        metadata=option(
+            "agentic: extra wait per tool call, to emulate remote tools: seconds (0.2), "
+            "exp:MEAN or lognormal:MEDIAN,SIGMA."
+        ),
+    )
+    price: str | None = field(
+        default=None,
+        metadata=option("USD per million input/output tokens, e.g. 0.15/0.60: adds cost to traces."),
     )
     prompt_column: str = field(
         default="prompt", metadata=option("Column holding the prompt in a dataset file.")
@@ -202,8 +252,13 @@ class RunConfig:
             raise RunError(str(exc)) from None
 
     def sim_config(self) -> SimConfig:
-        """The built-in simulator's config: the run's seed seeds it, from Python as from the CLI."""
-        return dataclasses.replace(self.sim, seed=self.seed)
+        """The built-in simulator's config: the run's seed seeds it, from Python as from the CLI.
+        Multi-turn workloads get prefix caching, as the servers they model (vLLM, SGLang) have
+        on by default: a turn's history is then not prefilled again."""
+        engine = self.sim.engine
+        if self.workload != "single" and not engine.prefix_cache:
+            engine = dataclasses.replace(engine, prefix_cache=True)
+        return dataclasses.replace(self.sim, seed=self.seed, engine=engine)
 
     def validate(self) -> LoadSpec:
         """Check every option that can be checked before anything starts; the load spec."""
@@ -219,6 +274,13 @@ class RunConfig:
             ),
             (self.sample_ms > 0, "--sample-ms must be positive"),
             (self.counter_probe_s >= 0, "--counter-probe-s cannot be negative"),
+            (self.workload in WORKLOADS, f"--workload must be one of {', '.join(WORKLOADS)}"),
+            (
+                self.agent_protocol in PROTOCOLS,
+                f"--agent-protocol must be one of {', '.join(PROTOCOLS)}",
+            ),
+            (self.max_turns >= 1, "--max-turns must be at least 1"),
+            (self.task_timeout is None or self.task_timeout > 0, "--task-timeout must be positive"),
             (
                 self.attribution in RULES,
                 f"unknown attribution rule {self.attribution!r}; choose one of {', '.join(RULES)}",
@@ -227,7 +289,16 @@ class RunConfig:
         for ok, message in checks:
             if not ok:
                 raise RunError(message)
+        try:
+            ToolLatency.parse(self.tool_latency)
+            self.prices()
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
         return spec
+
+    def prices(self) -> tuple[float, float] | None:
+        """USD per input and per output token, from ``--price IN/OUT`` (per million)."""
+        return parse_price(self.price)
 
     def public(self) -> dict[str, Any]:
         """The config as written to run.json and summary.json: never the API key."""

@@ -47,7 +47,7 @@ def prepare(path: Path, overwrite: bool) -> None:
     if path.exists() and any(path.iterdir()):
         if not overwrite:
             raise RunError(f"{path} already holds a run; choose another --output-dir or pass --overwrite")
-        for name in (files.RUN, files.RECORDS, files.TELEMETRY, files.TRACES, files.SUMMARY):
+        for name in (files.RUN, files.RECORDS, files.TELEMETRY, files.TASKS, files.TRACES, files.SUMMARY):
             (path / name).unlink(missing_ok=True)
             (path / f"{name}.tmp").unlink(missing_ok=True)
         for derived in ("analysis", "plots"):  # made from the old run: stale beside a new one

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from .._clock import now_ns
 from ..client import StreamingClient
-from ..files import RecordWriter
+from ..files import JsonLines, RecordWriter
 from ..records import ErrorType, RequestRecord, Status
 from ..scoring import score
 from ..state import RunState
-from ..workload import Query, Workload, WorkUnit
+from ..workload import Query, TaskLog, Workload, WorkUnit
 
 
 class Executor:
@@ -29,6 +30,7 @@ class Executor:
         client: StreamingClient,
         model: str,
         writer: RecordWriter,
+        tasks: JsonLines,
         state: RunState,
         *,
         scorer: str | None,
@@ -39,6 +41,7 @@ class Executor:
         self.client = client
         self.model = model
         self.writer = writer
+        self.tasks = tasks
         self.state = state
         self.scorer = scorer
         self.server = server
@@ -59,7 +62,13 @@ class Executor:
     async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
         await self.workload.perform(unit, self, scheduled_ns)
 
-    def new_record(self, unit: WorkUnit, scheduled_ns: int, prompt: str) -> RequestRecord:
+    @property
+    def t0_ns(self) -> int:
+        return self.client.t0_ns
+
+    def new_record(
+        self, unit: WorkUnit, scheduled_ns: int, prompt: str, turn: int | None = None
+    ) -> RequestRecord:
         t0 = self.client.t0_ns
         record = RequestRecord(
             request_id=next(self._ids),
@@ -68,6 +77,8 @@ class Executor:
             prompt=prompt,
             reference=unit.query.reference,
             warmup=unit.warmup,
+            task_id=None if turn is None else unit.unit_id,
+            turn_index=turn,
             scheduled_ns=scheduled_ns - t0,
             dispatched_ns=now_ns() - t0,
         )
@@ -77,17 +88,34 @@ class Executor:
     def body(self, query: Query, stop: tuple[str, ...] = ()) -> bytes:
         return self.client.body(query, self.model, stop)
 
-    async def request(self, record: RequestRecord, body: bytes) -> None:
+    def payload(self, fields: dict[str, Any], max_tokens: int | None = None) -> bytes:
+        return self.client.payload(self.model, fields, max_tokens)
+
+    async def request(
+        self,
+        record: RequestRecord,
+        body: bytes,
+        judge: Callable[[RequestRecord], bool | None] | None = None,
+    ) -> None:
         self.state.started()
         try:
             await self.client.send(record, body)
         finally:
             if record.status is Status.OK:
-                record.correct = score(record.answer, record.reference, self.scorer)
+                record.correct = (
+                    judge(record) if judge else score(record.answer, record.reference, self.scorer)
+                )
             self.state.finished(record)
             self._watch(record)
             if self.writer.add(record):
                 await self.writer.flush()
+
+    def task_started(self) -> None:
+        self.state.task_started()
+
+    def task_done(self, log: TaskLog) -> None:
+        self.tasks.append(log.as_dict())
+        self.state.task_finished(log)
 
     def _watch(self, record: RequestRecord) -> None:
         if record.error_type is ErrorType.CONNECT:

@@ -14,10 +14,12 @@ from typing import Any
 import polars as pl
 
 from .. import files
-from ..energy import AttributionConfig, attribute
+from ..energy import AttributionConfig, attribute, energy_over
 from ..records import RECORD_SCHEMA
-from ..stats import distribution, latency_stats
-from ..traces import traces_from_records, write_traces
+from ..stats import distribution, latency_stats, measured, task_stats, window_s
+from ..telemetry.base import Meter
+from ..traces import QueryTrace, tool_waits, traces_from_records, traces_from_tasks, write_traces
+from .config import parse_price
 from .directory import Manifest, RunDirError
 
 
@@ -74,8 +76,13 @@ def finalize(
         records, section = attribute(telemetry, manifest.meters, records, settings)
         energy_section |= section
     files.write_frame(records, run_dir / files.RECORDS)
-    write_traces(run_dir / files.TRACES, traces_from_records(records))
+    headline = [m for m in manifest.meters if m.channel in energy_section.get("headline_meters", ())]
+    tasks = _read_tasks(run_dir)
+    traces = _traces(records, tasks, telemetry, headline, parse_price(config.get("price")))
+    write_traces(run_dir / files.TRACES, traces)
     summary = _summary(manifest, records, energy_section)
+    if tasks:
+        summary["tasks"] = task_stats(traces, window_s(measured(records)))
     files.write_json(run_dir / files.SUMMARY, summary)
     return RunResult(run_dir=run_dir, summary=summary, records=records)
 
@@ -91,6 +98,28 @@ def _read_records(run_dir: Path) -> pl.DataFrame:
     ]
     # the measured columns only: energy columns of an earlier finalize are made anew
     return frame.with_columns(missing).select(list(RECORD_SCHEMA)).sort("request_id")
+
+
+def _read_tasks(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / files.TASKS
+    return files.read_jsonl(path) if path.is_file() else []
+
+
+def _traces(
+    records: pl.DataFrame,
+    tasks: list[dict[str, Any]],
+    telemetry: pl.DataFrame | None,
+    headline: list[Meter],
+    prices: tuple[float, float] | None,
+) -> list[QueryTrace]:
+    """Per task when the run logged tasks, else per request."""
+    if not tasks:
+        return traces_from_records(records, prices)
+    rows = {row["request_id"]: row for row in records.iter_rows(named=True)}
+    tool_wait_j = None
+    if telemetry is not None and headline:
+        tool_wait_j = energy_over(telemetry, headline, [tool_waits(t, rows) for t in tasks])
+    return traces_from_tasks(tasks, rows, prices, tool_wait_j)
 
 
 def _read_telemetry(run_dir: Path, manifest: Manifest) -> pl.DataFrame | None:

@@ -31,7 +31,10 @@ from ..state import MeterState, Phase, RunState
 from ..stats import distribution
 from ..telemetry import Sampler, TelemetryLog, TelemetrySetup, open_sources
 from ..workload import DatasetError, Workload, resolve
+from ..workload.agentic import Agentic
+from ..workload.conversations import ConversationReplay, builtin_conversations, load_conversations
 from ..workload.single_turn import SingleTurn
+from ..workload.tools import Toolbox, ToolLatency
 from . import directory
 from .config import RunConfig
 from .directory import Manifest
@@ -54,8 +57,26 @@ class Display(Protocol):
 
 
 def workload_of(config: RunConfig) -> Workload:
-    """The workload a config describes: single-turn requests over its dataset."""
+    """The workload a config describes: single-turn requests over its dataset, agentic tasks,
+    or replayed conversations."""
+    chat = config.endpoint == "chat"
     try:
+        if config.workload == "agentic":
+            if config.dataset != "qa":
+                raise RunError("--workload agentic runs the built-in tool tasks; leave --dataset out")
+            toolbox = Toolbox(latency=ToolLatency.parse(config.tool_latency))
+            return Agentic(
+                toolbox,
+                protocol=config.agent_protocol,
+                endpoint=config.endpoint,
+                max_turns=config.max_turns,
+                task_timeout_s=config.task_timeout,
+                seed=config.seed,
+            )
+        if config.workload == "conversation":
+            if config.dataset == "qa":
+                return ConversationReplay(builtin_conversations(), "qa-chat", chat)
+            return ConversationReplay(load_conversations(config.dataset), Path(config.dataset).stem, chat)
         dataset = resolve(
             config.dataset,
             prompt_column=config.prompt_column,
@@ -199,12 +220,14 @@ class _Session:
             manifest = self._manifest(anchor, model, base_url, telemetry, sampler)
             manifest.write(run_dir)
             writer = files.RecordWriter(run_dir / files.RECORDS)
+            task_log = files.JsonLines(run_dir / files.TASKS)
             tel_file = _TelemetryFile(run_dir / files.TELEMETRY, sampler.log) if telemetry.opened else None
             executor = Executor(
                 self.workload,
                 client,
                 model,
                 writer,
+                task_log,
                 state,
                 scorer=config.scorer or self.workload.scorer,
                 server=config.base_url or "the simulator",
@@ -220,6 +243,7 @@ class _Session:
                     await anyio.to_thread.run_sync(tel_file.flush)
                     tel_file.stream.close()
                 await writer.close()
+                task_log.close()
                 manifest.meters, manifest.counter_events = sampler.meters, sampler.counter_events()
                 manifest.end = self._end(sampler)
                 manifest.write(run_dir)

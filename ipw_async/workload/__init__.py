@@ -8,12 +8,13 @@ process. Single-turn dataset requests are the first workload.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..records import RequestRecord
 from .datasets import Dataset, DatasetError, Query, resolve
+from .tasklog import Outcome, TaskLog
 
 
 @dataclass(frozen=True)
@@ -28,17 +29,42 @@ class WorkUnit:
 class Executor(Protocol):
     """What a workload may ask of the run while it performs a unit."""
 
-    def new_record(self, unit: WorkUnit, scheduled_ns: int, prompt: str) -> RequestRecord:
+    @property
+    def t0_ns(self) -> int:
+        """The run clock's origin (absolute monotonic ns)."""
+        ...
+
+    def new_record(
+        self, unit: WorkUnit, scheduled_ns: int, prompt: str, turn: int | None = None
+    ) -> RequestRecord:
         """A record for one request of ``unit``, due at ``scheduled_ns`` (absolute, run clock)
-        and dispatched now."""
+        and dispatched now; ``turn`` numbers the calls of a multi-turn task."""
         ...
 
     def body(self, query: Query, stop: tuple[str, ...] = ()) -> bytes:
         """The request body for ``query`` under the run's options."""
         ...
 
-    async def request(self, record: RequestRecord, body: bytes) -> None:
-        """Send one streaming request, fill ``record``, score and keep it."""
+    def payload(self, fields: dict[str, Any], max_tokens: int | None = None) -> bytes:
+        """A request body from ``fields`` (messages or prompt, tools, stop) and the run's options."""
+        ...
+
+    async def request(
+        self,
+        record: RequestRecord,
+        body: bytes,
+        judge: Callable[[RequestRecord], bool | None] | None = None,
+    ) -> None:
+        """Send one streaming request, fill ``record``, score it (by ``judge`` when given, else
+        against the query's reference) and keep it."""
+        ...
+
+    def task_started(self) -> None:
+        """A multi-turn task began."""
+        ...
+
+    def task_done(self, log: TaskLog) -> None:
+        """A multi-turn task ended: its log goes to ``tasks.jsonl``."""
         ...
 
 
@@ -65,7 +91,9 @@ __all__ = [
     "Dataset",
     "DatasetError",
     "Executor",
+    "Outcome",
     "Query",
+    "TaskLog",
     "WorkUnit",
     "Workload",
     "resolve",

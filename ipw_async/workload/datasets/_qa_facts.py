@@ -113,3 +113,44 @@ GENERAL: tuple[tuple[str, str], ...] = (
     ("What is the tallest mountain on Earth?", "Mount Everest"),
     ("What language is spoken in Brazil?", "Portuguese"),
 )
+
+# For the agentic tasks' lookup tool: numbers to look up and then compute with.
+ATOMIC_NUMBERS: tuple[tuple[str, int], ...] = (
+    ("hydrogen", 1),
+    ("helium", 2),
+    ("lithium", 3),
+    ("carbon", 6),
+    ("nitrogen", 7),
+    ("oxygen", 8),
+    ("fluorine", 9),
+    ("neon", 10),
+    ("sodium", 11),
+    ("magnesium", 12),
+    ("aluminium", 13),
+    ("silicon", 14),
+    ("sulfur", 16),
+    ("chlorine", 17),
+    ("argon", 18),
+    ("potassium", 19),
+    ("calcium", 20),
+    ("iron", 26),
+    ("nickel", 28),
+    ("copper", 29),
+    ("zinc", 30),
+    ("silver", 47),
+    ("tin", 50),
+    ("gold", 79),
+)
+
+MOUNTAINS: tuple[tuple[str, int], ...] = (
+    ("Mount Everest", 8849),
+    ("K2", 8611),
+    ("Kangchenjunga", 8586),
+    ("Aconcagua", 6961),
+    ("Denali", 6190),
+    ("Kilimanjaro", 5895),
+    ("Mount Elbrus", 5642),
+    ("Mont Blanc", 4806),
+    ("Matterhorn", 4478),
+    ("Mount Fuji", 3776),
+)

@@ -1,0 +1,270 @@
+"""Agentic tasks: a model solves each task over several LLM calls, calling tools between them.
+
+Two protocols, one loop. ``tools`` is OpenAI tool calling (``tools`` in the request, streamed
+``tool_calls``, ``role: tool`` results), for instruct servers on /chat/completions. ``react``
+is the text protocol (``Action: tool[input]`` / ``Observation:``, few-shot, a stop sequence),
+for base models on /completions. A task ends when the model answers, runs out of turns, passes
+its timeout or a call fails; every call is a record, every task a line in ``tasks.jsonl``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .._clock import NS, now_ns
+from ..records import RequestRecord, Status
+from ..scoring import score
+from . import Executor, WorkUnit
+from .datasets import Query
+from .tasklog import Outcome, TaskLog
+from .tasks import AgentTask, builtin_tasks
+from .tools import Toolbox, ToolResult
+
+PROTOCOLS = ("auto", "tools", "react")
+
+SYSTEM_PROMPT = (
+    "You solve tasks with the tools you are given. Call one tool at a time and use its result. "
+    "When you know the final result, reply with: The answer is <answer>."
+)
+
+REACT_PREAMBLE = """Answer the question with the tools below, one action at a time.
+Tools:
+calculator[expression]: evaluates arithmetic, e.g. calculator[3 * (4 + 5)]
+lookup[key]: looks a fact up, e.g. lookup[capital of France]
+
+Question: Start with 12. Multiply it by 7, then add 5. What is the result?
+Thought: I multiply first.
+Action: calculator[12 * 7]
+Observation: 84
+Thought: Now I add 5.
+Action: calculator[84 + 5]
+Observation: 89
+Thought: I know the answer.
+Final Answer: 89
+
+Question: Look up the atomic number of oxygen, then look up which element has that atomic number.
+Thought: I look up the atomic number.
+Action: lookup[atomic number of oxygen]
+Observation: 8
+Thought: Now the element with that number.
+Action: lookup[element with atomic number 8]
+Observation: oxygen
+Thought: I know the answer.
+Final Answer: oxygen
+
+"""
+REACT_STOP = "\nObservation:"
+INVALID_FORMAT = "Invalid format: reply with Action: tool[input] or Final Answer: answer."
+
+_ACTION = re.compile(r"Action:\s*([A-Za-z_]\w*)\s*\[(.*?)\]", re.DOTALL)
+_FINAL = re.compile(r"Final Answer:\s*(.+)")
+
+
+@dataclass
+class Step:
+    """What one LLM call did: asked for tools, gave the final answer, or neither."""
+
+    calls: list[tuple[str, str, str | None]] = field(default_factory=list)  # name, arguments, id
+    answer: str | None = None  # set when the call gave the final answer
+
+    @property
+    def final(self) -> bool:
+        return self.answer is not None
+
+
+class History(Protocol):
+    """One task's history under a protocol: the next request, and how a reply extends it."""
+
+    new_input: str  # what the history gained since the last call (the records' prompt column)
+    json_arguments: bool  # tool arguments come as JSON objects (tool calling), not bare text
+
+    def fields(self) -> dict[str, Any]: ...
+
+    def read(self, record: RequestRecord) -> Step: ...
+
+    def extend(self, record: RequestRecord, step: Step, results: list[ToolResult]) -> None: ...
+
+
+class ToolCalling:
+    """OpenAI tool calling on /chat/completions."""
+
+    json_arguments = True
+
+    def __init__(self, question: str, tool_specs: list[dict[str, object]]) -> None:
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": question},
+        ]
+        self.tool_specs = tool_specs
+        self.new_input = question
+
+    def fields(self) -> dict[str, Any]:
+        return {"messages": self.messages, "tools": self.tool_specs}
+
+    def read(self, record: RequestRecord) -> Step:
+        if record.tool_calls:
+            return Step(
+                calls=[
+                    (c["name"] or "", c["arguments"] or "", c["id"] or f"call_{record.request_id}_{i}")
+                    for i, c in enumerate(record.tool_calls)
+                ]
+            )
+        return Step(answer=record.answer.strip())
+
+    def extend(self, record: RequestRecord, step: Step, results: list[ToolResult]) -> None:
+        self.messages.append(
+            {
+                "role": "assistant",
+                "content": record.answer or None,
+                "tool_calls": [
+                    {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+                    for name, arguments, call_id in step.calls
+                ],
+            }
+        )
+        for r in results:
+            self.messages.append({"role": "tool", "tool_call_id": r.call_id, "content": r.output})
+        self.new_input = "\n".join(r.output for r in results)
+
+
+class ReAct:
+    """The text ReAct protocol: one growing prompt, cut at ``Observation:`` by a stop sequence."""
+
+    json_arguments = False
+
+    def __init__(self, question: str, chat: bool) -> None:
+        self.prompt = f"{REACT_PREAMBLE}Question: {question}\nThought:"
+        self.chat = chat
+        self.new_input = f"Question: {question}\nThought:"
+
+    def fields(self) -> dict[str, Any]:
+        if self.chat:
+            return {"messages": [{"role": "user", "content": self.prompt}], "stop": [REACT_STOP]}
+        return {"prompt": self.prompt, "stop": [REACT_STOP]}
+
+    def read(self, record: RequestRecord) -> Step:
+        text = record.answer
+        action = _ACTION.search(text)
+        final = _FINAL.search(text)
+        if final and (action is None or final.start() < action.start()):
+            return Step(answer=final.group(1).strip())
+        if action:
+            return Step(calls=[(action.group(1), action.group(2).strip(), None)])
+        return Step()
+
+    def extend(self, record: RequestRecord, step: Step, results: list[ToolResult]) -> None:
+        text = record.answer
+        action = _ACTION.search(text)
+        if action:
+            text = text[: action.end()]  # a model that ran past its action invented what came next
+        observation = results[0].output if results else INVALID_FORMAT
+        self.new_input = f"\nObservation: {observation}\nThought:"
+        self.prompt += text.rstrip() + self.new_input
+
+
+def _judge(history: History, task: AgentTask, record: RequestRecord) -> bool | None:
+    """A call that gave the final answer is scored against the task's; other calls are not."""
+    answer = history.read(record).answer
+    return None if answer is None else score(answer, task.answer, task.scorer)
+
+
+def protocol_for(protocol: str, endpoint: str) -> str:
+    """``auto`` is tool calling on the chat endpoint and ReAct on completions."""
+    if protocol == "auto":
+        return "tools" if endpoint == "chat" else "react"
+    return protocol
+
+
+class Agentic:
+    """The built-in tool tasks (or ``tasks``), run by an agent loop per unit."""
+
+    name = "agentic"
+    scorer = None  # each task is scored by its own scorer
+
+    def __init__(
+        self,
+        toolbox: Toolbox,
+        *,
+        protocol: str,
+        endpoint: str,
+        max_turns: int,
+        task_timeout_s: float | None,
+        seed: int,
+        tasks: tuple[AgentTask, ...] | None = None,
+    ) -> None:
+        self.tasks = tasks or builtin_tasks()
+        self.toolbox = toolbox
+        self.protocol = protocol_for(protocol, endpoint)
+        self.chat = endpoint == "chat"
+        self.max_turns = max_turns
+        self.task_timeout_s = task_timeout_s
+        self.seed = seed
+        self._by_id = {t.id: t for t in self.tasks}
+        self._cycle = itertools.cycle(self.tasks)
+        self._ids = itertools.count()
+
+    def size(self) -> int:
+        return len(self.tasks)
+
+    def units(self, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
+        drawn = self._cycle if count is None else itertools.islice(self._cycle, count)
+        for task in drawn:
+            yield WorkUnit(next(self._ids), Query(task.id, task.question, task.answer), warmup)
+
+    def _conversation(self, task: AgentTask) -> ToolCalling | ReAct:
+        if self.protocol == "tools":
+            return ToolCalling(task.question, self.toolbox.specs())
+        return ReAct(task.question, self.chat)
+
+    async def perform(self, unit: WorkUnit, executor: Executor, scheduled_ns: int) -> None:
+        task = self._by_id[unit.query.id]
+        t0 = executor.t0_ns
+        log = TaskLog(
+            unit.unit_id, task.id, self.name, unit.warmup, task.question, task.answer, scheduled_ns - t0
+        )
+        conversation = self._conversation(task)
+        rng = random.Random(f"{self.seed}:{unit.unit_id}")  # tool latencies, reproducible per task
+        deadline = None if self.task_timeout_s is None else now_ns() + int(self.task_timeout_s * NS)
+        executor.task_started()
+        try:
+            for turn in range(self.max_turns):
+                if deadline is not None and now_ns() > deadline:
+                    log.end(Outcome.TIMEOUT, t0)
+                    return
+                record = executor.new_record(
+                    unit, scheduled_ns if turn == 0 else now_ns(), conversation.new_input, turn
+                )
+                log.turn(record)
+                judge = functools.partial(_judge, conversation, task)
+                await executor.request(record, executor.payload(conversation.fields()), judge)
+                if record.status is not Status.OK:
+                    log.end(Outcome.ERROR, t0)
+                    return
+                step = conversation.read(record)
+                if step.final:
+                    log.end(Outcome.ANSWERED, t0, step.answer, record.correct)
+                    return
+                results = [
+                    await self.toolbox.call(
+                        name,
+                        arguments,
+                        rng,
+                        t0_ns=t0,
+                        json_arguments=conversation.json_arguments,
+                        call_id=call_id,
+                    )
+                    for name, arguments, call_id in step.calls
+                ]
+                log.tools(results)
+                conversation.extend(record, step, results)
+            log.end(Outcome.MAX_TURNS, t0)
+        finally:
+            if log.outcome is None:  # cancelled mid-task: what it did so far still counts
+                log.end(Outcome.CANCELLED, t0)
+            executor.task_done(log)
