@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from aiohttp import web
 from .._clock import now_ns
 from .._options import option
 from ..workload.datasets import qa_pairs, question_of
+from ..workload.tasks import AgentTask, task_by_question
+from ..workload.tools import BUILTIN_TOOLS
 from .engine import Engine, EngineConfig, SimRequest
 
 SIM_MODEL = "sim-small"
@@ -149,6 +152,77 @@ class Responder:
             return words[:max_tokens], "length"
         return words, "stop"
 
+    def _final(self, task: AgentTask, results: list[str]) -> str:
+        """The answer from the last tool result it was sent, right with probability ``accuracy``."""
+        answer = results[-1] if results else "unknown"
+        if _rng(self.config.seed, "agent", task.question).random() < self.config.accuracy:
+            return answer
+        try:
+            return str(int(answer) + 1)
+        except ValueError:
+            return next(a for a in self._all_answers if a.lower() not in answer.lower())
+
+    def tool_turn(self, messages: list[object]) -> Reply | None:
+        """A tool-calling model on a built-in task: the plan's next call, filled from the tool
+        results in ``messages``, or the answer once the plan is done."""
+        user = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
+        task = task_by_question().get(str(user.get("content"))) if user else None
+        if task is None:
+            return None
+        results = [
+            str(m.get("content", "")) for m in messages if isinstance(m, dict) and m.get("role") == "tool"
+        ]
+        if len(results) < len(task.plan):
+            step = task.plan[len(results)]
+            arguments = json.dumps({BUILTIN_TOOLS[step.tool].parameter: step.argument(results)})
+            pieces = [arguments[i : i + 4] for i in range(0, len(arguments), 4)]
+            return Reply(pieces, "tool_calls", (f"call_{len(results)}", step.tool))
+        return Reply(_words(f"The answer is {self._final(task, results)}."), "stop")
+
+    def react_turn(self, prompt: str) -> Reply | None:
+        """A ReAct model on a built-in task: ``Action: tool[input]`` (cut where the stop
+        sequence would cut it) or ``Final Answer:``, reading the observations in the prompt."""
+        start = prompt.rfind("\nQuestion: ")
+        if start < 0 or not prompt.rstrip().endswith("Thought:"):
+            return None
+        block = prompt[start + 11 :]
+        task = task_by_question().get(block.split("\n", 1)[0])
+        if task is None:
+            return None
+        results = _OBSERVATION.findall(block)
+        if len(results) < len(task.plan):
+            step = task.plan[len(results)]
+            return Reply(
+                _words(f"I use the {step.tool}.\nAction: {step.tool}[{step.argument(results)}]"), "stop"
+            )
+        return Reply(_words(f"I know the answer.\nFinal Answer: {self._final(task, results)}"), "stop")
+
+
+_OBSERVATION = re.compile(r"\nObservation: (.*)")
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\s*\S+", " " + text)
+
+
+@dataclass
+class Reply:
+    tokens: list[str]
+    finish: str
+    tool_call: tuple[str, str] | None = None  # (call id, tool name): the tokens are its arguments
+
+
+def _chat_prompt(messages: list[object], tools: object) -> str:
+    """The text a chat request's tokens are counted and prefix-cached on: the tool list, then
+    every message's content and tool calls, in order (so a longer history extends a shorter)."""
+    parts = [json.dumps(tools)] if tools else []
+    for m in messages:
+        if isinstance(m, dict):
+            parts.append(str(m.get("content") or ""))
+            if m.get("tool_calls"):
+                parts.append(json.dumps(m["tool_calls"]))
+    return "\n".join(parts)
+
 
 def _error_body(message: str, kind: str, code: int) -> dict[str, object]:
     return {"error": {"message": message, "type": kind, "code": code}}
@@ -213,9 +287,9 @@ class SimServer:
         if body.get("model") != self.config.model:
             msg = f"The model `{body.get('model')}` does not exist."
             return web.json_response(_error_body(msg, "NotFoundError", 404), status=404)
+        messages = body.get("messages") or [] if chat else []
         if chat:
-            messages = body.get("messages") or []
-            prompt = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+            prompt = _chat_prompt(messages, body.get("tools"))
             prompt_tokens = count_tokens(prompt) + 4 * len(messages)
         else:
             prompt = str(body.get("prompt", ""))
@@ -223,7 +297,17 @@ class SimServer:
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else list(stop)
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 256)
-        tokens, finish = self.responder.tokens(prompt, chat, max_tokens, bool(body.get("ignore_eos")), stop)
+        reply = (
+            self.responder.tool_turn(messages) if body.get("tools") else None
+        ) or self.responder.react_turn(prompt)
+        if reply is None:
+            tokens, finish = self.responder.tokens(
+                prompt, chat, max_tokens, bool(body.get("ignore_eos")), stop
+            )
+            reply = Reply(tokens, finish)
+        elif len(reply.tokens) > max_tokens:
+            reply = Reply(reply.tokens[:max_tokens], "length", reply.tool_call)
+        tokens, finish = reply.tokens, reply.finish
         self._ids += 1
         key = request.headers.get("x-ipw-request-id") or f"sim-{self._ids}"
         faults = self.config.faults
@@ -240,6 +324,7 @@ class SimServer:
             rid=f"{'chatcmpl' if chat else 'cmpl'}-{self._ids}",
             request=sim_request,
             caching=self.config.engine.prefix_cache,
+            tool_call=reply.tool_call if chat else None,
         )
         try:
             if not body.get("stream"):
@@ -258,6 +343,7 @@ class _Stream:
     rid: str
     request: SimRequest
     caching: bool  # report cached prompt tokens, as servers with prefix caching do
+    tool_call: tuple[str, str] | None = None  # (id, name): the tokens stream as its arguments
 
     @property
     def tokens(self) -> list[str]:
@@ -267,10 +353,23 @@ class _Stream:
     def finish(self) -> str:
         return self.request.finish_reason
 
-    def _chunk(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, object]:
+    def _chunk(
+        self, text: str | None, finish: str | None, role: bool = False, header: bool = False
+    ) -> dict[str, object]:
         if self.chat:
-            delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
-            if text is not None:
+            delta: dict[str, object] = {"role": "assistant", "content": ""} if role else {}
+            if text is not None and self.tool_call is not None:
+                call: dict[str, object] = {"index": 0, "function": {"arguments": text}}
+                if header:  # the first piece names the call, as OpenAI's stream does
+                    call_id, name = self.tool_call
+                    call = {
+                        "index": 0,
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": text},
+                    }
+                delta["tool_calls"] = [call]
+            elif text is not None:
                 delta["content"] = text
             choice: dict[str, object] = {"index": 0, "delta": delta, "finish_reason": finish}
             kind = "chat.completion.chunk"
@@ -304,8 +403,17 @@ class _Stream:
         while (token := await sim_request.out.get()) is not None:
             parts.append(token)
         text = "".join(parts)
+        message: dict[str, object] = {"role": "assistant", "content": text}
+        if self.tool_call is not None:
+            call_id, name = self.tool_call
+            function = {"name": name, "arguments": text}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+            }
         choice: dict[str, object] = (
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": self.finish}
+            {"index": 0, "message": message, "finish_reason": self.finish}
             if self.chat
             else {"index": 0, "text": text, "finish_reason": self.finish}
         )
@@ -349,7 +457,11 @@ class _Stream:
                     await resp.write(b'data: {"choices": [{"delta": \n\n')
                 if stall:
                     await asyncio.sleep(faults.stall_s)
-            await resp.write((template % (json.dumps(token), now_ns())).encode())
+            if i == 0 and self.tool_call is not None:
+                header = self._chunk(token, None, header=True) | {"ipw_sent_ns": now_ns(), "ipw_tokens": 1}
+                await resp.write(_sse(header))
+            else:
+                await resp.write((template % (json.dumps(token), now_ns())).encode())
             i += 1
         await resp.write(_sse(self._chunk(None if self.chat else "", self.finish)))
         if include_usage:
