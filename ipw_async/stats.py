@@ -100,20 +100,21 @@ def _token_source(ok: pl.DataFrame) -> str | None:
 def task_stats(traces: list[QueryTrace], window: float | None) -> dict[str, Any]:
     """Per-task figures of a multi-turn run, over its measured tasks.
 
-    ``success_rate`` is correct / all tasks (a task that ran out of turns counts as a
-    failure); ``j_per_successful_task`` is the energy of all measured tasks over the number
+    ``success_rate`` is correct / tasks with a reference answer (a task that ran out of
+    turns counts as a failure; replayed conversations have none, so null); ``j_per_successful_task`` is the energy of all measured tasks over the number
     that succeeded: what one success costs, failures included.
     """
     tasks = [t for t in traces if not t.warmup]
     outcomes: dict[str, int] = {}
     for t in tasks:
         outcomes[t.status] = outcomes.get(t.status, 0) + 1
-    correct = sum(1 for t in tasks if t.correct)
+    scored = [t for t in tasks if t.reference is not None]
+    correct = sum(1 for t in scored if t.correct)
     energies = [t.energy_j for t in tasks]
     known = [e for e in energies if e is not None]
     all_known = bool(tasks) and len(known) == len(tasks)
     total_j = sum(known) if all_known else None
-    success = correct / len(tasks) if tasks else None
+    success = correct / len(scored) if scored else None
     mean_j = total_j / len(tasks) if total_j is not None and tasks else None
 
     def dist(values: list[float | None]) -> dict[str, float | int | None]:

@@ -12,8 +12,9 @@ from .breakdown import energy_report
 from .latency import latency_report
 from .regression import regression_report
 from .rundir import RunDir, load_run
+from .tasks import task_report
 
-ANALYSES = ("accuracy", "regression", "latency", "energy")
+ANALYSES = ("accuracy", "regression", "latency", "energy", "tasks")
 
 
 def _analyses(
@@ -24,6 +25,7 @@ def _analyses(
         "regression": regression_report,
         "latency": lambda run: latency_report(run, slo),
         "energy": energy_report,
+        "tasks": task_report,
     }
 
 

@@ -106,6 +106,7 @@ def energy_report(run: RunDir) -> dict[str, Any]:
         "rule": RULE,
         "meters": {
             m.channel: meter_breakdown(run.telemetry, m, run.records, known.get(m.channel, {}).get("total_j"))
+            | {"power_model": known.get(m.channel, {}).get("power_model")}
             for m in meters
         },
         "reason": None,

@@ -20,7 +20,7 @@ def format_figure(key: str, value: Any) -> str:
     unit = FIGURES[key][1]
     if unit == "s":
         return f"{value * 1000:,.1f} ms"
-    if key == "accuracy":
+    if key in ("accuracy", "task_success"):
         return f"{value:.1%}"
     if isinstance(value, int):
         return f"{value:,}"

@@ -24,6 +24,14 @@ FIGURES: dict[str, tuple[str, str]] = {
     "mean_power_w": ("power per query (mean)", "W"),
     "accuracy": ("accuracy", ""),
     "ipj": ("IPJ (accuracy / J per query)", "1/J"),
+    # multi-turn runs only (null otherwise): per task, not per call
+    "tasks_per_s": ("task throughput", "tasks/s"),
+    "task_success": ("task success rate", ""),
+    "j_per_task": ("energy per task (mean)", "J"),
+    "j_per_successful_task": ("energy per successful task", "J"),
+    "task_wall_p50_s": ("task latency p50", "s"),
+    "task_wall_p99_s": ("task latency p99", "s"),
+    "turns_per_task": ("turns per task (mean)", ""),
 }
 
 
@@ -57,4 +65,28 @@ def headline_figures(run: RunDir) -> dict[str, Any]:
         "mean_power_w": energy.get("power_w", {}).get("mean"),
         "accuracy": accuracy,
         "ipj": energy.get("ipj"),
+    } | _task_figures(summary.get("tasks"))
+
+
+def _task_figures(tasks: dict[str, Any] | None) -> dict[str, Any]:
+    if not tasks:
+        return dict.fromkeys(
+            (
+                "tasks_per_s",
+                "task_success",
+                "j_per_task",
+                "j_per_successful_task",
+                "task_wall_p50_s",
+                "task_wall_p99_s",
+                "turns_per_task",
+            )
+        )
+    return {
+        "tasks_per_s": tasks.get("tasks_per_s"),
+        "task_success": tasks.get("success_rate"),
+        "j_per_task": tasks.get("j_per_task"),
+        "j_per_successful_task": tasks.get("j_per_successful_task"),
+        "task_wall_p50_s": tasks["wall_s"].get("p50"),
+        "task_wall_p99_s": tasks["wall_s"].get("p99"),
+        "turns_per_task": tasks["turns"].get("mean"),
     }

@@ -42,6 +42,10 @@ STAT_METRICS = (
     "mean_power_w",
     "accuracy",
     "ipj",
+    "tasks_per_s",
+    "task_success",
+    "j_per_task",
+    "task_wall_p50_s",
 )
 # Pareto frontiers over level means: name -> objectives
 FRONTIERS: dict[str, dict[str, str]] = {

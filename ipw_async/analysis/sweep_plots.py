@@ -19,8 +19,13 @@ AXES: dict[str, tuple[str, float]] = {
     "e2e_p50_s": ("e2e latency p50 (ms)", 1000.0),
     "throughput_tok_s": ("output throughput (tok/s)", 1.0),
     "accuracy": ("accuracy", 1.0),
+    "j_per_task": ("energy per task (J)", 1.0),
+    "task_wall_p50_s": ("task latency p50 (s)", 1.0),
+    "tasks_per_s": ("task throughput (tasks/s)", 1.0),
+    "task_success": ("task success rate", 1.0),
 }
 LOAD_PANELS = ("j_per_query", "j_per_token", "ttft_p50_s", "throughput_tok_s")
+TASK_PANELS = ("j_per_task", "task_wall_p50_s", "tasks_per_s", "task_success")
 
 
 def _mean(lv: dict[str, Any], metric: str) -> float | None:
@@ -77,32 +82,39 @@ def run_points(ax: Axes, rows: list[dict[str, Any]], x: str, y: str) -> None:
         )
 
 
-def _load_axis(ax: Axes, mode: str, stats: list[dict[str, Any]]) -> None:
+def _load_axis(ax: Axes, mode: str, stats: list[dict[str, Any]], tasks: bool = False) -> None:
     values = sorted({lv["value"] for lv in stats})
     if min(values) > 0 and max(values) / min(values) >= 8:
         ax.set_xscale("log", base=2)
     ax.set_xticks(values, [f"{v:g}" for v in values])
     ax.minorticks_off()
-    ax.set_xlabel("concurrency (requests in flight)" if mode == "concurrency" else "arrival rate (req/s)")
+    unit = "tasks" if tasks else "requests"
+    ax.set_xlabel(f"concurrency ({unit} in flight)" if mode == "concurrency" else f"arrival rate ({unit}/s)")
 
 
 def load_vs_energy(
-    mode: str, stats: list[dict[str, Any]], rows: list[dict[str, Any]], simulated: bool
+    mode: str,
+    stats: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    simulated: bool,
+    panels: tuple[str, ...] = LOAD_PANELS,
 ) -> Figure:
-    if not any(_has(stats, m) for m in LOAD_PANELS):
-        raise SkipPlot("no level has energy, latency or throughput figures")
+    if not any(_has(stats, m) for m in panels):
+        raise SkipPlot(f"no level has any of {', '.join(AXES[m][0] for m in panels)}")
+    tasks = panels == TASK_PANELS
     fig = new_figure(10, 7)
-    for i, metric in enumerate(LOAD_PANELS):
+    for i, metric in enumerate(panels):
         ax = fig.add_subplot(2, 2, i + 1)
         if _has(stats, metric):
             run_points(ax, rows, "value", metric)
             level_points(ax, stats, "value", metric, annotate=False)
         else:
             ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
-        _load_axis(ax, mode, stats)
+        _load_axis(ax, mode, stats, tasks)
         ax.set_ylabel(AXES[metric][0])
     fig.axes[0].legend(fontsize=8)
-    fig.suptitle(f"load vs energy and latency (mean ± 95% CI over repeats){title_suffix(simulated)}")
+    what = "per task" if tasks else "energy and latency"
+    fig.suptitle(f"load vs {what} (mean ± 95% CI over repeats){title_suffix(simulated)}")
     return fig
 
 
@@ -162,6 +174,13 @@ def plot_sweep(
     """Write the sweep's plots into ``out_dir``; a plot whose data is missing is skipped."""
     report = PlotReport()
     render(report, out_dir, "load_vs_energy", partial(load_vs_energy, mode, stats, rows, simulated))
+    if _has(stats, "j_per_task"):  # an agentic or multi-turn sweep: the same curves per task
+        render(
+            report,
+            out_dir,
+            "load_vs_task",
+            partial(load_vs_energy, mode, stats, rows, simulated, TASK_PANELS),
+        )
     render(
         report,
         out_dir,

@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..report import describe_model
 from ._common import err, fail, fmt, out
 from .options import parse_run_args, run_config
 
@@ -29,7 +30,8 @@ def analyze(
         str,
         typer.Option(
             help="Which analysis to write: accuracy (IPJ/IPW), regression (cost per token), latency "
-            "(distributions and goodput), energy (prefill/decode/idle split) or all."
+            "(distributions and goodput), energy (prefill/decode/idle split, fitted power model), "
+            "tasks (agentic and multi-turn runs: success, J/task, time split, cost by turn) or all."
         ),
     ] = "all",
     scorer: Annotated[
@@ -85,6 +87,16 @@ def _print_analysis(results: dict[str, dict[str, Any]]) -> None:
         if rep.get("phases"):
             split = ", ".join(f"{k} {v['energy_j']:,.1f} J" for k, v in rep["phases"].items())
             out.print(f"  {meter} by phase: {split} (deviation from total {fmt(rep['deviation'], '.1e')})")
+        if rep.get("power_model"):
+            out.print(f"  {meter} power model: {describe_model(rep['power_model'])}")
+    tasks = results.get("tasks", {}).get("tasks")
+    if tasks:
+        out.print(
+            f"tasks {tasks['count']}: success {fmt(tasks['success_rate'], '.1%')}, "
+            f"{fmt(tasks['j_per_task'], ',.1f', ' J')}/task ({fmt(tasks['j_per_successful_task'], ',.1f', ' J')} "
+            f"per success), IPJ {fmt(tasks['ipj'], '.3g')}, {fmt(tasks['turns']['mean'], '.1f')} turns/task, "
+            f"wall p50 {fmt(tasks['wall_s']['p50'], ',.2f', ' s')}"
+        )
 
 
 def plot(
@@ -226,6 +238,7 @@ def _progress_line(row: dict[str, Any], done: int, total: int) -> None:
             ("ttft_p50_s", " TTFT p50"),
             ("j_per_query", "/query"),
             ("j_per_token", "/token"),
+            *((("j_per_task", "/task"),) if row.get("j_per_task") is not None else ()),
         )
     )
     err.print(f"{head}: {figures} → {row['run_dir']}", markup=False, soft_wrap=True)
@@ -233,16 +246,33 @@ def _progress_line(row: dict[str, Any], done: int, total: int) -> None:
 
 def _sweep_table(result: SweepResult) -> Table:
     table = Table(title=f"ipw-async sweep → {result.sweep_dir}", header_style="bold", title_justify="left")
-    for col in ("level", "runs ok", "J/query ± CI", "J/token ± CI", "tok/s", "TTFT p50", "verdict"):
+    tasks = any(lv["means"].get("j_per_task") is not None for lv in result.levels)
+    columns = (
+        ("level", "runs ok", "J/task ± CI", "tasks/s", "task p50", "success", "TTFT p50", "verdict")
+        if tasks
+        else ("level", "runs ok", "J/query ± CI", "J/token ± CI", "tok/s", "TTFT p50", "verdict")
+    )
+    for col in columns:
         table.add_column(col, justify="left" if col in ("level", "verdict") else "right")
     for lv in result.levels:
         s = lv["stats"]
+        if tasks:
+            figures = (
+                f"{fmt(s['j_per_task']['mean'], ',.3g')} ± {fmt(s['j_per_task']['ci95'], '.2g')}",
+                fmt(s["tasks_per_s"]["mean"], ",.2f"),
+                fmt(s["task_wall_p50_s"]["mean"], ",.2f", " s"),
+                fmt(s["task_success"]["mean"], ".1%"),
+            )
+        else:
+            figures = (
+                f"{fmt(s['j_per_query']['mean'], ',.3g')} ± {fmt(s['j_per_query']['ci95'], '.2g')}",
+                f"{fmt(s['j_per_token']['mean'], ',.3g')} ± {fmt(s['j_per_token']['ci95'], '.2g')}",
+                fmt(s["throughput_tok_s"]["mean"], ",.0f"),
+            )
         table.add_row(
             lv["level"],
             f"{lv['ok_runs']}/{lv['runs']}",
-            f"{fmt(s['j_per_query']['mean'], ',.3g')} ± {fmt(s['j_per_query']['ci95'], '.2g')}",
-            f"{fmt(s['j_per_token']['mean'], ',.3g')} ± {fmt(s['j_per_token']['ci95'], '.2g')}",
-            fmt(s["throughput_tok_s"]["mean"], ",.0f"),
+            *figures,
             fmt(s["ttft_p50_s"]["mean"] and s["ttft_p50_s"]["mean"] * 1000, ",.1f", " ms"),
             "accepted" if lv["accepted"] else "rejected: " + "; ".join(lv["reasons"]),
         )
