@@ -71,12 +71,13 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
     lat = summary.get("latency_s", {})
     acc = summary.get("accuracy", {})
     table.add_row("model", str(summary.get("model")))
-    table.add_row("requests ok / measured", f"{req.get('ok', 0)} / {req.get('measured', 0)}")
+    unit = "calls" if summary.get("tasks") else "requests"  # a task's LLM calls are its requests
+    table.add_row(f"{unit} ok / measured", f"{req.get('ok', 0)} / {req.get('measured', 0)}")
     errors = req.get("errors_by_type") or {}
     if errors:
         table.add_row("errors", ", ".join(f"{k} {v}" for k, v in errors.items()))
     table.add_row("window", _num(summary.get("window_s"), ",.2f", " s"))
-    table.add_row("requests/s", _num(thr.get("requests_per_s"), ",.2f"))
+    table.add_row(f"{unit}/s", _num(thr.get("requests_per_s"), ",.2f"))
     table.add_row("output tokens/s", _num(thr.get("output_tokens_per_s"), ",.0f"))
     for name in ("ttft", "tpot", "e2e"):
         dist = lat.get(name, {})
@@ -98,7 +99,7 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
         )
         per_query = energy.get("per_query_j", {})
         table.add_row(
-            "J/query p50 (mean)",
+            f"J/{'call' if summary.get('tasks') else 'query'} p50 (mean)",
             f"{_num(per_query.get('p50'), ',.2f')} ({_num(per_query.get('mean'), ',.2f')})",
         )
         table.add_row("J/output token", _num(energy.get("j_per_output_token"), ",.3f"))

@@ -17,6 +17,7 @@ from ipw_async import dashboard
 from ipw_async._clock import now_ns
 from ipw_async.dashboard import Dashboard, PanelHistory, energy_meters, percentiles, render, sparkline
 from ipw_async.harness import RunResult
+from ipw_async.progress import progress_line
 from ipw_async.records import ErrorType, RequestRecord, Status
 from ipw_async.report import summary_table
 from ipw_async.state import MeterState, RunState
@@ -99,6 +100,24 @@ def test_frame_shows_the_counters_of_the_state() -> None:
     assert "4.0 (last 5 s) · 2.0 (run)" in _line(text, "requests/s")
     assert "200 (last 5 s) · 100 (run)" in _line(text, "output tok/s")
     assert "3: timeout 2, http_error 1" in _line(text, "errors")
+
+
+def test_multi_turn_run_counts_tasks_and_shows_turns_in_flight() -> None:
+    from ipw_async.workload import TaskLog
+
+    state = make_state(planned=10)
+    for correct in (True, True, False):
+        state.task_started()
+        log = TaskLog(0, "t", "agentic", False, "p", "1", 0)
+        log.correct = correct
+        state.task_finished(log)
+    for _ in range(2):
+        state.task_started()
+    text = _text(render(state))
+    assert "3/10 tasks" in _line(text, "progress")  # tasks, not the 23 requests
+    assert "2 tasks / 16 target · 3 turns · 67% correct" in _line(text, "in flight")
+    line = progress_line(state)
+    assert "3/10 tasks done" in line and "2 tasks · 3 turns in flight" in line
 
 
 def test_latency_percentiles_are_those_of_the_ttft_and_tpot_windows() -> None:
