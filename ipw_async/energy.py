@@ -196,7 +196,7 @@ def _token_segments(requests: pl.DataFrame, prefill_weight: float) -> Segments:
     w = np.asarray(weights, dtype=float)
     dur = e - s
     ok = dur > 0
-    return Segments(np.asarray(reqs)[ok], s[ok], e[ok], w[ok] / dur[ok])
+    return Segments(np.asarray(reqs, dtype=np.int64)[ok], s[ok], e[ok], w[ok] / dur[ok])
 
 
 def _fitted_segments(
@@ -245,11 +245,12 @@ def _density(bounds: np.ndarray, seg: Segments) -> tuple[np.ndarray, np.ndarray,
 def _share(seg: Segments, ia: np.ndarray, ib: np.ndarray, per_density: np.ndarray, n: int) -> np.ndarray:
     """Σ over a request's segments of density × Σ_intervals(ΔE / D): its energy."""
     prefix = np.concatenate(([0.0], np.cumsum(per_density)))
-    return np.bincount(seg.req, weights=seg.density * (prefix[ib] - prefix[ia]), minlength=n)
+    shares = np.bincount(seg.req, weights=seg.density * (prefix[ib] - prefix[ia]), minlength=n)
+    return shares.astype(float)  # bincount of nothing is an integer array
 
 
 def _safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    out = np.zeros_like(num)
+    out = np.zeros(np.shape(num))
     np.divide(num, den, out=out, where=den > 0)
     return out
 

@@ -142,21 +142,19 @@ def _turn(row: dict[str, Any], prices: tuple[float, float] | None, turn_index: i
     )
 
 
+# what a trace takes as it is from a record row or a task log
+_SHARED = ("query_id", "dataset", "prompt", "reference", "answer", "correct", "warmup")
+
+
 def traces_from_records(frame: pl.DataFrame, prices: tuple[float, float] | None = None) -> list[QueryTrace]:
     """One single-turn trace per request row (energy columns used when present)."""
     traces = []
     for row in frame.iter_rows(named=True):
         traces.append(
             QueryTrace(
-                query_id=row["query_id"],
-                dataset=row["dataset"],
-                prompt=row["prompt"],
-                reference=row["reference"],
-                answer=row["answer"],
-                correct=row["correct"],
+                **{key: row[key] for key in _SHARED},
                 status=row["status"],
                 completed=row["status"] == "ok",
-                warmup=row["warmup"],
                 turns=[_turn(row, prices)],
                 total_wall_clock_s=row["stream_time_s"],
                 model_s=row["stream_time_s"],
@@ -199,15 +197,9 @@ def traces_from_tasks(
         tool = sum(t.tool_latency_s for t in turns)
         traces.append(
             QueryTrace(
-                query_id=task["query_id"],
-                dataset=task["dataset"],
-                prompt=task["prompt"],
-                reference=task["reference"],
-                answer=task["answer"],
-                correct=task["correct"],
+                **{key: task[key] for key in _SHARED},
                 status=task["outcome"],
                 completed=task["outcome"] in COMPLETED,
-                warmup=task["warmup"],
                 turns=turns,
                 task_id=task["task_id"],
                 total_wall_clock_s=wall,

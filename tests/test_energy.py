@@ -81,6 +81,16 @@ def test_single_request_gets_everything_while_alone() -> None:
     assert m["idle_j"] == pytest.approx(m["total_j"] - 300 * active_s, rel=1e-9)
 
 
+@pytest.mark.parametrize("rule", ["tokens", "fitted", "equal", "window"])
+def test_a_run_stopped_before_any_request_was_sent_is_all_idle(rule: str) -> None:
+    # what a SIGTERM during the first dispatch leaves: records, none of them sent
+    t = np.arange(0, 1001, 50, dtype=float)
+    unsent = records([(100, 140, 3)]).with_columns(pl.lit(None, pl.Int64).alias("sent_ns"))
+    out, section = attribute(telemetry(t, energy=t * 0.2), [COUNTER], unsent, AttributionConfig(rule=rule))
+    assert out.get_column("energy_j").to_list() == [None]
+    assert section["idle_j"] == pytest.approx(section["total_j"]) and section["total_j"] == pytest.approx(200.0)
+
+
 def test_stale_counter_reads_are_retimed_to_their_change() -> None:
     # a counter updating every 100 ms, read every 50 ms: each value is seen twice
     t = np.arange(0, 501, 50, dtype=float)

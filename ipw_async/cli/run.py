@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,20 +30,47 @@ def display_for(dashboard: bool, quiet: bool) -> Display:
     return LinesDisplay(quiet=quiet)
 
 
+class _StopSignals:
+    """SIGTERM and SIGHUP end a run as Ctrl-C does (the run unwinds, finishes its files and
+    writes its summary); the exit code then names the signal (128 + its number)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def __enter__(self) -> _StopSignals:
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.received = signum
+        signal.raise_signal(signal.SIGINT)  # asyncio's runner turns it into a cancellation
+
+    def __exit__(self, *_: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
 def execute(config: RunConfig, display: Display) -> int:
-    """Run with one-line errors; the exit code says how it ended (0 ok, 1 partial, 2 unusable, 130 ^C)."""
-    try:
-        result = asyncio.run(run_benchmark(config, display))
-    except RunError as exc:
-        if Debug.on:
-            raise
-        err.print(f"[bold red]error:[/] {exc}")
-        return 1 if isinstance(exc, RunAborted) else 2
-    except KeyboardInterrupt:
-        err.print(
-            "[yellow]interrupted:[/] the records measured so far are on disk (summary says complete: false)"
-        )
-        return 130
+    """Run with one-line errors; the exit code says how it ended (0 ok, 1 partial, 2 unusable,
+    130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
+    with _StopSignals() as stop:
+        try:
+            result = asyncio.run(run_benchmark(config, display))
+        except RunError as exc:
+            if Debug.on:
+                raise
+            err.print(f"[bold red]error:[/] {exc}")
+            return 1 if isinstance(exc, RunAborted) else 2
+        except KeyboardInterrupt:
+            cause = (
+                "interrupted" if stop.received is None else f"stopped by {signal.Signals(stop.received).name}"
+            )
+            err.print(
+                f"[yellow]{cause}:[/] the records measured so far are on disk (summary says complete: false)"
+            )
+            return 128 + (stop.received or signal.SIGINT)
     return 0 if result.complete else 1
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 
 from .process import config_from_json
@@ -16,6 +17,9 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--config-json", required=True)
+    parser.add_argument(
+        "--parent-pid", type=int, default=None, help="stop when this process is gone (even killed with -9)"
+    )
     args = parser.parse_args()
     config = config_from_json(args.config_json)
 
@@ -23,10 +27,21 @@ def main() -> None:
         task = asyncio.current_task()
         assert task is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        if args.parent_pid is not None:
+            asyncio.get_running_loop().create_task(_orphan_watch(args.parent_pid, task))
         await serve(config, args.host, args.port)
 
     with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
         asyncio.run(run())
+
+
+async def _orphan_watch(parent: int, task: asyncio.Task[None], period_s: float = 0.2) -> None:
+    """Stop the simulator once the harness that started it is gone. Polling the parent pid works
+    where the death signal cannot: PR_SET_PDEATHSIG fires when the *thread* that forked exits,
+    and the harness starts the simulator from a worker thread that may end mid-run."""
+    while os.getppid() == parent:
+        await asyncio.sleep(period_s)
+    task.cancel()
 
 
 if __name__ == "__main__":

@@ -63,9 +63,12 @@ class SimulatorProcess:
             self.host,
             "--config-json",
             config_to_json(self.config),
+            "--parent-pid",
+            str(os.getpid()),
         ]
         # Own process group: a Ctrl-C in the terminal reaches the harness, which then stops
-        # the simulator itself, in order, after the last record is written.
+        # the simulator itself, in order, after the last record is written. If the harness dies
+        # without stopping it (kill -9), the simulator sees its parent gone and exits.
         self._proc = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,

@@ -8,7 +8,8 @@ process. Single-turn dataset requests are the first workload.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,6 +25,20 @@ class WorkUnit:
     unit_id: int
     query: Query
     warmup: bool = False
+
+
+class UnitCycle:
+    """Units drawn round-robin from a workload's queries, as many as the run needs, numbered
+    across calls (warm-up units first, then measured ones)."""
+
+    def __init__(self, queries: Iterable[Query]) -> None:
+        self._queries = itertools.cycle(queries)
+        self._ids = itertools.count()
+
+    def units(self, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
+        drawn = self._queries if count is None else itertools.islice(self._queries, count)
+        for query in drawn:
+            yield WorkUnit(next(self._ids), query, warmup)
 
 
 class Executor(Protocol):
@@ -94,6 +109,7 @@ __all__ = [
     "Outcome",
     "Query",
     "TaskLog",
+    "UnitCycle",
     "WorkUnit",
     "Workload",
     "resolve",

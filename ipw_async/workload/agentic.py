@@ -10,7 +10,6 @@ its timeout or a call fails; every call is a record, every task a line in ``task
 from __future__ import annotations
 
 import functools
-import itertools
 import random
 import re
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from typing import Any, Protocol
 from .._clock import NS, now_ns
 from ..records import RequestRecord, Status
 from ..scoring import score
-from . import Executor, WorkUnit
+from . import Executor, UnitCycle, WorkUnit
 from .datasets import Query
 from .tasklog import Outcome, TaskLog
 from .tasks import AgentTask, builtin_tasks
@@ -206,16 +205,13 @@ class Agentic:
         self.task_timeout_s = task_timeout_s
         self.seed = seed
         self._by_id = {t.id: t for t in self.tasks}
-        self._cycle = itertools.cycle(self.tasks)
-        self._ids = itertools.count()
+        self._cycle = UnitCycle(Query(t.id, t.question, t.answer) for t in self.tasks)
 
     def size(self) -> int:
         return len(self.tasks)
 
     def units(self, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
-        drawn = self._cycle if count is None else itertools.islice(self._cycle, count)
-        for task in drawn:
-            yield WorkUnit(next(self._ids), Query(task.id, task.question, task.answer), warmup)
+        return self._cycle.units(count, warmup)
 
     def _conversation(self, task: AgentTask) -> ToolCalling | ReAct:
         if self.protocol == "tools":

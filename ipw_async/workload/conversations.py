@@ -20,7 +20,7 @@ import anyio
 
 from .._clock import now_ns
 from ..records import Status
-from . import Executor, WorkUnit
+from . import Executor, UnitCycle, WorkUnit
 from .datasets import DatasetError, Query, qa_pairs
 from .tasklog import Outcome, TaskLog
 
@@ -115,16 +115,13 @@ class ConversationReplay:
         self.name = name
         self.chat = chat
         self._by_id = {c.id: c for c in conversations}
-        self._cycle = itertools.cycle(conversations)
-        self._ids = itertools.count()
+        self._cycle = UnitCycle(Query(c.id, c.turns[0].content) for c in conversations)
 
     def size(self) -> int:
         return len(self.conversations)
 
     def units(self, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
-        drawn = self._cycle if count is None else itertools.islice(self._cycle, count)
-        for c in drawn:
-            yield WorkUnit(next(self._ids), Query(c.id, c.turns[0].content), warmup)
+        return self._cycle.units(count, warmup)
 
     def _fields(self, messages: list[dict[str, str]]) -> dict[str, Any]:
         if self.chat:

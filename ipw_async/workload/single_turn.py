@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
-from . import Executor, WorkUnit
+from . import Executor, UnitCycle, WorkUnit
 from .datasets import Dataset
 
 
@@ -16,16 +15,13 @@ class SingleTurn:
         self.dataset = dataset
         self.name = dataset.name
         self.scorer = dataset.scorer
-        self._queries = dataset.cycle()
-        self._ids = itertools.count()
+        self._cycle = UnitCycle(dataset.cycle())
 
     def size(self) -> int:
         return len(self.dataset)
 
     def units(self, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
-        drawn = self._queries if count is None else itertools.islice(self._queries, count)
-        for query in drawn:
-            yield WorkUnit(next(self._ids), query, warmup)
+        return self._cycle.units(count, warmup)
 
     async def perform(self, unit: WorkUnit, executor: Executor, scheduled_ns: int) -> None:
         record = executor.new_record(unit, scheduled_ns, unit.query.prompt)
