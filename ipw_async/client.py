@@ -191,7 +191,8 @@ class StreamParser:
         record.answer = "".join(self._content)
         record.reasoning = "".join(self._reasoning)
         if not self.done and record.finish_reason is None and record.status is Status.OK:
-            _fail(record, ErrorType.DISCONNECT, "the stream ended before the server said it was done")
+            said = "sent no event" if record.first_event_ns is None else "ended before it said it was done"
+            _fail(record, ErrorType.DISCONNECT, f"the stream {said}")
 
 
 def _add_tool_calls(record: RequestRecord, deltas: list[dict[str, Any]]) -> None:
@@ -366,6 +367,16 @@ class StreamingClient:
                 if response.status_code >= 400:
                     detail = _error_message(await response.aread())
                     _fail(record, ErrorType.HTTP, f"HTTP {response.status_code}: {detail}")
+                    return
+                kind = response.headers.get("content-type", "")
+                if kind.startswith("application/json"):  # a whole completion: stream=true ignored
+                    await response.aread()
+                    _fail(
+                        record,
+                        ErrorType.NOT_STREAMING,
+                        f"the server answered with one {kind} body, not an event stream: "
+                        "it ignored stream=true, so no token timing can be measured",
+                    )
                     return
                 streaming = True
                 arrivals = ArrivalStamps(response, t0, record.headers_ns)

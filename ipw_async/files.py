@@ -67,6 +67,7 @@ class StreamWriter:
         self._chunks = _Chunks()
         self._writer = ipc.new_stream(pa.PythonFile(self._chunks, mode="w"), schema)
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._size = 0  # bytes of whole batches on disk
         # the schema (and an empty batch) on disk now: readers open the file from its start
         self._writer.write_batch(pa.RecordBatch.from_pylist([], schema=schema))
         self._emit()
@@ -74,8 +75,16 @@ class StreamWriter:
     def _emit(self) -> None:
         data = memoryview(self._chunks.take())
         assert self._fd is not None, "write after close"
-        while data:
-            data = data[os.write(self._fd, data) :]
+        size = len(data)
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError:
+            # disk full (or a file-size limit) mid-batch: cut back to the last whole batch so
+            # the file stays a readable stream, then let the caller say what happened
+            os.ftruncate(self._fd, self._size)
+            raise
+        self._size += size
 
     def write(self, table: pa.Table) -> None:
         if table.num_rows:
@@ -86,10 +95,12 @@ class StreamWriter:
     def close(self) -> None:
         if self._fd is None:
             return
-        self._writer.close()  # the end-of-stream marker
-        self._emit()
-        os.close(self._fd)
-        self._fd = None
+        try:
+            self._writer.close()  # the end-of-stream marker
+            self._emit()
+        finally:
+            os.close(self._fd)
+            self._fd = None
 
 
 def write_frame(frame: pl.DataFrame, path: Path) -> None:
@@ -145,6 +156,7 @@ class RecordWriter:
     SLICE = 32
 
     def __init__(self, path: Path, batch_size: int = 256) -> None:
+        self.path = path
         self.batch_size = batch_size
         self._stream = StreamWriter(path, RECORDS_SCHEMA)
         self._pending: list[RequestRecord] = []
@@ -170,9 +182,11 @@ class RecordWriter:
                 await anyio.to_thread.run_sync(self._write, records)
 
     async def close(self) -> None:
-        await self.flush()
-        async with self._lock:
-            self._stream.close()
+        try:
+            await self.flush()
+        finally:
+            async with self._lock:
+                self._stream.close()
 
 
 def _clean(value: Any) -> Any:

@@ -35,6 +35,7 @@ class ErrorType(StrEnum):
     STREAM = "stream_error"  # an error object inside a 200 stream
     DISCONNECT = "disconnected"  # the server closed the stream before [DONE]
     MALFORMED = "malformed_event"  # an SSE event that is not valid JSON
+    NOT_STREAMING = "not_streaming"  # a 200 answer that is one JSON body, not an event stream
     CANCELLED = "cancelled"  # the run was interrupted while this request was in flight
     OTHER = "other"
 

@@ -88,7 +88,9 @@ def test_a_run_stopped_before_any_request_was_sent_is_all_idle(rule: str) -> Non
     unsent = records([(100, 140, 3)]).with_columns(pl.lit(None, pl.Int64).alias("sent_ns"))
     out, section = attribute(telemetry(t, energy=t * 0.2), [COUNTER], unsent, AttributionConfig(rule=rule))
     assert out.get_column("energy_j").to_list() == [None]
-    assert section["idle_j"] == pytest.approx(section["total_j"]) and section["total_j"] == pytest.approx(200.0)
+    assert section["idle_j"] == pytest.approx(section["total_j"]) and section["total_j"] == pytest.approx(
+        200.0
+    )
 
 
 def test_stale_counter_reads_are_retimed_to_their_change() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
+from ..harness import finalize
 from .accuracy import accuracy_report
 from .breakdown import energy_report
 from .latency import latency_report
@@ -38,14 +39,18 @@ def analyze(
 ) -> dict[str, dict[str, Any]]:
     """Run the named analyses (or ``"all"``) on a run directory; returns them by name.
 
-    With ``write`` each one is also saved as ``<run_dir>/analysis/<name>.json``. Works on a
-    partial run: figures that need a missing file are null with a reason.
+    With ``write`` each one is also saved as ``<run_dir>/analysis/<name>.json``. A run that
+    died before finishing is recovered first (see ``ipw-async recover``); on what is still
+    missing, figures are null with a reason.
     """
     names = list(ANALYSES) if analyses == "all" else [analyses] if isinstance(analyses, str) else analyses
     unknown = [n for n in names if n not in ANALYSES]
     if unknown:
         raise ValueError(f"unknown analysis {', '.join(unknown)}; choose from {', '.join(ANALYSES)} or all")
-    run = load_run(run_dir)
+    path = Path(run_dir)
+    if not (path / files.SUMMARY).is_file() and (path / files.RUN).is_file():
+        finalize(path)  # a run that died before finishing: recover it first
+    run = load_run(path)
     funcs = _analyses(scorer, slo)
     header = {"run_dir": str(run.path), "complete": run.complete, "simulated": run.simulated}
     results = {name: header | funcs[name](run) for name in names}

@@ -123,6 +123,37 @@ def finalize_command(
     out.print(summary_table(result.summary, str(result.run_dir)))
 
 
+def recover(
+    run_dir: Annotated[
+        Path, typer.Argument(help="The directory of a run that was killed or crashed.", show_default=False)
+    ],
+) -> None:
+    """Rebuild a dead run's summary, traces and per-query energy from what it left on disk.
+
+    Reads run.json, the whole batches of records.arrow and telemetry.arrow and tasks.jsonl;
+    marks the run complete: false with the reason; says how many requests were dispatched but
+    never recorded (in flight at the end, or in its last unflushed second).
+    """
+    from ..report import summary_table
+
+    try:
+        result = finalize(run_dir)
+    except RunDirError as exc:
+        raise fail(str(exc)) from None
+    lost = result.summary["loss"]
+    state = (
+        "ended normally"
+        if result.summary["complete"]
+        else f"did not finish: {result.summary['aborted'] or 'interrupted'}"
+    )
+    out.print(f"{run_dir}: the run {state}")
+    out.print(
+        f"recovered {lost['requests_on_disk']} requests; {lost['requests_not_recorded']} dispatched but not on disk"
+        + (f"; {lost['tasks_not_logged']} tasks still running" if lost["tasks_not_logged"] else "")
+    )
+    out.print(summary_table(result.summary, str(result.run_dir)))
+
+
 def sim(**options: Any) -> None:
     """Serve the built-in SIMULATED OpenAI-compatible server and device until Ctrl-C."""
     host, port = options["host"], options["port"]
@@ -161,5 +192,6 @@ SIM_ADDRESS = [
 def register(app: typer.Typer) -> None:
     app.command("run")(with_parameters(run, RUN_PARAMETERS))
     app.command("finalize")(finalize_command)
+    app.command("recover")(recover)
     sim_parameters = SIM_ADDRESS + parameters(SimConfig) + parameters(EngineConfig) + parameters(Faults)
     app.command("sim")(with_parameters(sim, sim_parameters))

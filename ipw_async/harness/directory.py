@@ -93,6 +93,7 @@ class Manifest:
     baseline_window_ns: tuple[int, int] | None = None
     counter_events: dict[str, dict[str, int]] = field(default_factory=dict)
     end: dict[str, Any] | None = None  # how the run ended; None while it runs (or after a crash)
+    dispatched: int = 0  # requests sent so far, kept current as records are flushed: what a crash can lose
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     versions: dict[str, str | None] = field(default_factory=versions)
     host: dict[str, Any] = field(default_factory=host)
@@ -122,6 +123,7 @@ class Manifest:
             },
             "baseline_window_ns": list(self.baseline_window_ns) if self.baseline_window_ns else None,
             "end": self.end,
+            "dispatched": self.dispatched,
             "config": self.config,
             "versions": self.versions,
             "host": self.host,
@@ -147,6 +149,7 @@ class Manifest:
             baseline_window_ns=(int(window[0]), int(window[1])) if window else None,
             counter_events=tel.get("counter_events", {}),
             end=data.get("end"),
+            dispatched=data.get("dispatched", 0),
             run_id=data["run_id"],
             versions=data["versions"],
             host=data["host"],

@@ -108,23 +108,38 @@ class Executor:
             self.state.finished(record)
             self._watch(record)
             if self.writer.add(record):
-                await self.writer.flush()
+                await self.flush()
+
+    async def flush(self) -> None:
+        """Records to disk; a disk that refuses them stops the run (what is on disk is kept)."""
+        try:
+            await self.writer.flush()
+        except OSError as exc:
+            self.stop(f"cannot write {self.writer.path}: {exc.strerror or exc}")
 
     def task_started(self) -> None:
         self.state.task_started()
 
     def task_done(self, log: TaskLog) -> None:
-        self.tasks.append(log.as_dict())
+        try:
+            self.tasks.append(log.as_dict())
+        except OSError as exc:
+            self.stop(f"cannot write {self.tasks.path}: {exc.strerror or exc}")
         self.state.task_finished(log)
+
+    def stop(self, reason: str) -> None:
+        """End the run early for ``reason``: no new unit starts, and the run says why."""
+        if not self.aborted.is_set():
+            self.abort_reason = reason
+            self.aborted.set()
 
     def _watch(self, record: RequestRecord) -> None:
         if record.error_type is ErrorType.CONNECT:
             self._connect_errors += 1
-            if self._connect_errors >= self.abort_after and not self.aborted.is_set():
-                self.abort_reason = (
+            if self._connect_errors >= self.abort_after:
+                self.stop(
                     f"the server at {self.server} stopped accepting connections "
                     f"({self._connect_errors} in a row)"
                 )
-                self.aborted.set()
         elif record.status is Status.OK:
             self._connect_errors = 0

@@ -14,8 +14,9 @@ from typing import Any
 import polars as pl
 
 from .. import files
+from .._clock import NS
 from ..energy import AttributionConfig, attribute, energy_over
-from ..records import RECORD_SCHEMA
+from ..records import RECORD_SCHEMA, end_ns
 from ..stats import distribution, latency_stats, measured, task_stats, window_s
 from ..telemetry.base import Meter
 from ..traces import QueryTrace, tool_waits, traces_from_records, traces_from_tasks, write_traces
@@ -81,6 +82,7 @@ def finalize(
     traces = _traces(records, tasks, telemetry, headline, parse_price(config.get("price")))
     write_traces(run_dir / files.TRACES, traces)
     summary = _summary(manifest, records, energy_section)
+    summary["loss"] = loss(records, tasks, telemetry, manifest.dispatched)
     if tasks:
         summary["tasks"] = task_stats(traces, window_s(measured(records)))
     files.write_json(run_dir / files.SUMMARY, summary)
@@ -98,6 +100,34 @@ def _read_records(run_dir: Path) -> pl.DataFrame:
     ]
     # the measured columns only: energy columns of an earlier finalize are made anew
     return frame.with_columns(missing).select(list(RECORD_SCHEMA)).sort("request_id")
+
+
+def loss(
+    records: pl.DataFrame, tasks: list[dict[str, Any]], telemetry: pl.DataFrame | None, dispatched: int
+) -> dict[str, Any]:
+    """What a run that died did not leave on disk, as far as its files can tell.
+
+    Requests dispatched (run.json's count, at most a second old, or the highest request id on
+    disk, whichever is more) but not on disk were in flight at the end, or finished in the last
+    unflushed second: at least that many. A task with calls on disk but no line in tasks.jsonl
+    was still running. Both are 0 for a run that ended normally.
+    """
+    ids = records.get_column("request_id")
+    dispatched = max(dispatched, int(ids.max()) + 1 if ids.len() else 0)  # type: ignore[operator]
+    task_ids = set(records.get_column("task_id").drop_nulls().to_list())
+    logged = {t["task_id"] for t in tasks}
+    ends = records.select(end_ns().max()).item() if records.height else None
+    seen = None
+    if telemetry is not None and "t_ns" in telemetry.columns and telemetry.height:
+        seen = telemetry.get_column("t_ns").max()
+    return {
+        "requests_on_disk": records.height,
+        "requests_dispatched": dispatched,
+        "requests_not_recorded": dispatched - records.height,
+        "tasks_not_logged": len(task_ids - logged),
+        "last_record_end_s": None if ends is None else ends / NS,
+        "last_telemetry_s": None if seen is None else seen / NS,  # type: ignore[operator]
+    }
 
 
 def _read_tasks(run_dir: Path) -> list[dict[str, Any]]:

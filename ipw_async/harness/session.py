@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,13 +37,14 @@ from ..workload.single_turn import SingleTurn
 from ..workload.tools import Toolbox, ToolLatency
 from . import directory
 from .config import RunConfig
-from .directory import Manifest
+from .directory import Manifest, RunDirError
 from .errors import RunAborted, RunError
 from .executor import Executor
 from .finalize import RunResult, finalize
 from .health import HarnessCpu, LoopLag, gc_frozen
+from .limits import ensure_open_files
 
-FLUSH_S = 1.0  # records and telemetry reach the disk at least this often
+FLUSH_S = 0.5  # records and telemetry reach the disk at least this often: what a kill -9 can lose
 
 
 class Display(Protocol):
@@ -105,7 +106,12 @@ async def run_benchmark(
     session = _Session(config, spec, workload or workload_of(config), display)
     await session.run()
     assert session.run_dir is not None
-    result = await anyio.to_thread.run_sync(finalize, session.run_dir)
+    try:
+        result = await anyio.to_thread.run_sync(finalize, session.run_dir)
+    except (OSError, RunDirError) as exc:
+        if session.abort_reason is None:
+            raise
+        raise RunAborted(f"{session.abort_reason}; the run could not be finished ({exc})") from None
     if display is not None:
         display.finish(result)
     if session.interrupted is not None:
@@ -202,6 +208,8 @@ class _Session:
                 config.output_dir
                 or directory.default_run_dir(Path(config.runs_root), model, self.workload.name, label)
             )
+            if note := ensure_open_files(self.spec.pool_size):
+                self._note(note)
             directory.prepare(run_dir, config.overwrite)
             self.run_dir = run_dir
             telemetry = await self._telemetry(sim, base_url)
@@ -239,14 +247,22 @@ class _Session:
                 # after the background tasks stopped: the sampler's last reading comes first
                 with contextlib.suppress(Exception):
                     await sampler.sample_once()
-                if tel_file is not None:
-                    await anyio.to_thread.run_sync(tel_file.flush)
-                    tel_file.stream.close()
-                await writer.close()
-                task_log.close()
+                try:  # each file is closed even when the disk refuses what is left
+                    if tel_file is not None:
+                        with _refused(executor, tel_file.stream.path):
+                            await anyio.to_thread.run_sync(tel_file.flush)
+                        with _refused(executor, tel_file.stream.path):
+                            tel_file.stream.close()
+                    with _refused(executor, writer.path):
+                        await writer.close()
+                finally:
+                    task_log.close()
                 manifest.meters, manifest.counter_events = sampler.meters, sampler.counter_events()
+                manifest.dispatched = len(executor.records)
+                self.abort_reason = executor.abort_reason
                 manifest.end = self._end(sampler)
-                manifest.write(run_dir)
+                with _refused(executor, run_dir / files.RUN):
+                    manifest.write(run_dir)
                 state.phase = Phase.DONE
 
             stack.push_async_callback(close_files)
@@ -255,7 +271,7 @@ class _Session:
             tasks.start(sampler.run())
             tasks.start(self.lag.watch())
             tasks.start(_mirror(state, sampler, self.lag))
-            tasks.start(_flush_every(FLUSH_S, writer, tel_file, sampler, manifest, run_dir))
+            tasks.start(_flush_every(FLUSH_S, tel_file, sampler, manifest, executor, run_dir))
             if self.display is not None:
                 tasks.start(self.display.run(state))
             try:
@@ -416,23 +432,44 @@ def _sim_root(config: RunConfig, sim: SimulatorProcess | None, base_url: str) ->
     return None
 
 
+@contextlib.contextmanager
+def _refused(executor: Executor, path: Path) -> Iterator[None]:
+    """A write the disk refuses (full, removed) ends the run with the reason, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        executor.stop(f"cannot write {path}: {exc.strerror or exc}")
+
+
 async def _flush_every(
     period_s: float,
-    writer: files.RecordWriter,
     tel_file: _TelemetryFile | None,
     sampler: Sampler,
     manifest: Manifest,
+    executor: Executor,
     run_dir: Path,
 ) -> None:
-    """Records and telemetry to disk, and run.json kept current (grids learned, counter resets)."""
+    """Records and telemetry to disk, and run.json kept current (grids learned, counter
+    resets, requests dispatched)."""
     while True:
         await asyncio.sleep(period_s)
-        await writer.flush()
+        if not run_dir.is_dir():  # writes to its open files would vanish with it
+            executor.stop(f"the run directory {run_dir} was removed while the run was writing to it")
+            return
+        await executor.flush()
         if tel_file is not None:
-            await anyio.to_thread.run_sync(tel_file.flush)
-        meters, events = sampler.meters, sampler.counter_events()
-        if meters != manifest.meters or events != manifest.counter_events:
-            manifest.meters, manifest.counter_events = meters, events
+            try:
+                await anyio.to_thread.run_sync(tel_file.flush)
+            except OSError as exc:
+                executor.stop(f"cannot write {tel_file.stream.path}: {exc.strerror or exc}")
+                return
+        meters, events, dispatched = sampler.meters, sampler.counter_events(), len(executor.records)
+        if (
+            meters != manifest.meters
+            or events != manifest.counter_events
+            or dispatched != manifest.dispatched
+        ):
+            manifest.meters, manifest.counter_events, manifest.dispatched = meters, events, dispatched
             manifest.write(run_dir)
 
 

@@ -28,20 +28,21 @@ def main() -> None:
         assert task is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         if args.parent_pid is not None:
-            asyncio.get_running_loop().create_task(_orphan_watch(args.parent_pid, task))
+            asyncio.get_running_loop().create_task(_orphan_watch(args.parent_pid))
         await serve(config, args.host, args.port)
 
     with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
         asyncio.run(run())
 
 
-async def _orphan_watch(parent: int, task: asyncio.Task[None], period_s: float = 0.2) -> None:
-    """Stop the simulator once the harness that started it is gone. Polling the parent pid works
-    where the death signal cannot: PR_SET_PDEATHSIG fires when the *thread* that forked exits,
-    and the harness starts the simulator from a worker thread that may end mid-run."""
+async def _orphan_watch(parent: int, period_s: float = 0.1) -> None:
+    """Exit once the harness that started the simulator is gone: nobody is left to serve and it
+    has nothing to save. Polling the parent pid works where the death signal cannot:
+    PR_SET_PDEATHSIG fires when the *thread* that forked exits, and the harness starts the
+    simulator from a worker thread that may end mid-run."""
     while os.getppid() == parent:
         await asyncio.sleep(period_s)
-    task.cancel()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,10 @@ class Faults:
     http_error: float = field(
         default=0.0, metadata=option("Probability of HTTP 500 per request.", "--fault-http-error")
     )
+    rate_limit: float = field(
+        default=0.0,
+        metadata=option("Probability of HTTP 429 with Retry-After per request.", "--fault-rate-limit"),
+    )
     error_event: float = field(
         default=0.0,
         metadata=option("Probability of an error event inside the stream.", "--fault-error-event"),
@@ -224,6 +228,31 @@ def _chat_prompt(messages: list[object], tools: object) -> str:
     return "\n".join(parts)
 
 
+@dataclass
+class FaultStats:
+    """The simulator's own account: requests received, streams it finished, and the first fault
+    it injected into each request (by the harness's request id), the reference a reliability
+    benchmark holds the harness's recorded outcomes against."""
+
+    requests: int = 0
+    completed: int = 0  # streams written to their [DONE]
+    injected: dict[str, str] = field(default_factory=dict)
+
+    def inject(self, key: str, kind: str) -> None:
+        self.injected.setdefault(key, kind)
+
+    def as_dict(self) -> dict[str, object]:
+        counts: dict[str, int] = {}
+        for kind in self.injected.values():
+            counts[kind] = counts.get(kind, 0) + 1
+        return {
+            "requests": self.requests,
+            "completed": self.completed,
+            "injected": counts,
+            "by_request": self.injected,
+        }
+
+
 def _error_body(message: str, kind: str, code: int) -> dict[str, object]:
     return {"error": {"message": message, "type": kind, "code": code}}
 
@@ -233,6 +262,7 @@ class SimServer:
         self.config = config
         self.engine = Engine(config.engine)
         self.responder = Responder(config)
+        self.stats = FaultStats()
         self._ids = 0
         self.app = web.Application()
         self.app.add_routes(
@@ -243,6 +273,7 @@ class SimServer:
                 web.get("/health", self.health),
                 web.get("/sim/device", self.device),
                 web.get("/sim/truth", self.truth),
+                web.get("/sim/stats", self.fault_stats),
             ]
         )
         self.app.on_startup.append(self._start)
@@ -270,6 +301,9 @@ class SimServer:
 
     async def truth(self, _: web.Request) -> web.Response:
         return web.json_response(self.engine.truth())
+
+    async def fault_stats(self, _: web.Request) -> web.Response:
+        return web.json_response(self.stats.as_dict())
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
@@ -312,8 +346,14 @@ class SimServer:
         key = request.headers.get("x-ipw-request-id") or f"sim-{self._ids}"
         faults = self.config.faults
         rng = _rng(self.config.seed, "faults", key, prompt)
+        self.stats.requests += 1
         if rng.random() < faults.http_error:
+            self.stats.inject(key, "http_error")
             return web.json_response(_error_body("simulated server error", "server_error", 500), status=500)
+        if rng.random() < faults.rate_limit:
+            self.stats.inject(key, "rate_limit")
+            body = _error_body("simulated rate limit", "rate_limit_exceeded", 429)
+            return web.json_response(body, status=429, headers={"Retry-After": "1"})
         sim_request = SimRequest(
             key=key, prompt_tokens=prompt_tokens, tokens=tokens, finish_reason=finish, prompt=prompt
         )
@@ -330,7 +370,7 @@ class SimServer:
             if not body.get("stream"):
                 return web.json_response(await ctx.collect(sim_request))
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await ctx.stream(request, sim_request, include_usage, faults, rng)
+            return await ctx.stream(request, sim_request, include_usage, faults, rng, self.stats)
         finally:
             if sim_request.finished_ns is None:
                 self.engine.abort(sim_request)
@@ -428,6 +468,7 @@ class _Stream:
         include_usage: bool,
         faults: Faults,
         rng: random.Random,
+        stats: FaultStats,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -444,18 +485,23 @@ class _Stream:
         template = json.dumps(self._chunk("\x00", None)).replace("%", "%%").replace('"\\u0000"', "%s")
         template = "data: " + template[:-1] + ', "ipw_sent_ns": %d, "ipw_tokens": 1}\n\n'
         i = 0
+        key = sim_request.key
         while (token := await sim_request.out.get()) is not None:
             if i == fail_at:
                 if error_event:
+                    stats.inject(key, "error_event")
                     await resp.write(_sse(_error_body("simulated engine failure", "server_error", 500)))
                     return resp
                 if disconnect:
+                    stats.inject(key, "disconnect")
                     assert request.transport is not None
                     request.transport.close()
                     return resp
                 if malformed:
+                    stats.inject(key, "malformed")
                     await resp.write(b'data: {"choices": [{"delta": \n\n')
                 if stall:
+                    stats.inject(key, "stall")
                     await asyncio.sleep(faults.stall_s)
             if i == 0 and self.tool_call is not None:
                 header = self._chunk(token, None, header=True) | {"ipw_sent_ns": now_ns(), "ipw_tokens": 1}
@@ -471,6 +517,7 @@ class _Stream:
             await resp.write(_sse(final))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
+        stats.completed += 1
         return resp
 
 

@@ -1,0 +1,264 @@
+"""A run survives what users' machines do to it: real processes, real signals, files read back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+import polars as pl
+import psutil
+import pyarrow.ipc as ipc
+import pytest
+
+from ipw_async import RunConfig, read_arrow, run_benchmark
+from ipw_async.client import ClientConfig, StreamingClient
+from ipw_async.records import ErrorType, RequestRecord, Status
+from ipw_async.sim import Faults, SimConfig, SimulatorProcess
+from ipw_async.workload import Query
+
+from .conftest import fast_engine, quick_config
+
+
+def _run(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ipw_async", "run", "--no-dashboard", *args]
+
+
+def _wait_for_records(run_dir: Path, rows: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Until ``records.arrow`` holds ``rows`` rows (a flush has happened with work in it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        path = run_dir / "records.arrow"
+        # read_arrow: a live file may end inside the batch being written at this instant
+        if path.exists() and read_arrow(path, partial_ok=True).height >= rows:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{run_dir} never held {rows} records")
+
+
+def test_kill_9_leaves_readable_files_no_orphan_and_a_recoverable_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(_run("-c", "8", "--duration", "60", "-o", str(run_dir)))
+    _wait_for_records(run_dir, 8, proc)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children, "the run should have started its simulator"
+    proc.kill()
+    proc.wait()
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive, "the simulator outlived its harness"
+    # every file readable by plain pyarrow and polars, as the run left it
+    for name in ("records.arrow", "telemetry.arrow"):
+        rows = ipc.open_stream(str(run_dir / name)).read_all().num_rows
+        assert rows > 0 and pl.read_ipc_stream(run_dir / name).height == rows
+    assert not (run_dir / "summary.json").exists()
+    recovered = subprocess.run(
+        [sys.executable, "-m", "ipw_async", "recover", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert recovered.returncode == 0, recovered.stderr
+    assert "did not finish" in recovered.stdout and "dispatched but not on disk" in recovered.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["complete"] is False and "killed or crashed" in summary["aborted"]
+    loss = summary["loss"]
+    assert loss["requests_on_disk"] == pl.read_ipc_stream(run_dir / "records.arrow").height
+    assert loss["requests_not_recorded"] >= 1  # 8 were in flight when it died
+    assert abs(summary["energy"]["meters"]["sim"]["conservation_error"]) < 1e-9
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_and_sighup_stop_a_run_like_ctrl_c(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    run_dir = tmp_path / sig.name
+    proc = subprocess.Popen(_run("-c", "8", "--duration", "60", "-o", str(run_dir)), stderr=subprocess.PIPE)
+    _wait_for_records(run_dir, 8, proc)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code
+    assert f"stopped by {sig.name}" in stderr.decode()
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["complete"] is False and summary["interrupted"] is True
+    assert summary["loss"]["requests_not_recorded"] == 0  # an orderly stop loses nothing
+    records = pl.read_ipc_stream(run_dir / "records.arrow")
+    assert records.height == summary["requests"]["total"] and "energy_j" in records.columns
+    assert len((run_dir / "traces.jsonl").read_text().splitlines()) == records.height
+
+
+def _limited(kind: int, soft: int, hard: int) -> Callable[[], None]:
+    return lambda: resource.setrlimit(kind, (soft, hard))
+
+
+def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_records(tmp_path: Path) -> None:
+    # a file-size limit refuses writes as a full disk does (EFBIG rather than ENOSPC)
+    run_dir = tmp_path / "full"
+    proc = subprocess.run(
+        _run("-c", "16", "-n", "5000", "-o", str(run_dir)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_limited(resource.RLIMIT_FSIZE, 150_000, 150_000),
+    )
+    assert proc.returncode == 1
+    assert (
+        "error: cannot write" in proc.stderr
+        and "records.arrow" in proc.stderr
+        and "Traceback" not in proc.stderr
+    )
+    kept = ipc.open_stream(str(run_dir / "records.arrow")).read_all().num_rows
+    assert 0 < kept < 5000 and pl.read_ipc_stream(run_dir / "records.arrow").height == kept
+
+
+def test_open_file_limit_is_raised_or_explained(tmp_path: Path) -> None:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 400:
+        pytest.skip("this machine's hard open-file limit is below what the test raises to")
+    raised = subprocess.run(
+        _run("-c", "200", "-n", "200", "--telemetry", "none", "-o", str(tmp_path / "raised")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_limited(resource.RLIMIT_NOFILE, 128, hard),
+    )
+    assert raised.returncode == 0, raised.stderr
+    assert "raised the open-file limit from 128 to 264" in raised.stderr
+    refused = subprocess.run(
+        _run("-c", "200", "-n", "200", "-o", str(tmp_path / "refused")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limited(resource.RLIMIT_NOFILE, 128, 128),
+    )
+    assert refused.returncode == 2
+    assert "may open only 128" in refused.stderr and "ulimit -n 264" in refused.stderr
+    assert not (tmp_path / "refused").exists()
+
+
+def test_removing_the_run_directory_mid_run_is_reported(tmp_path: Path) -> None:
+    run_dir = tmp_path / "doomed"
+    proc = subprocess.Popen(_run("-c", "8", "--duration", "60", "-o", str(run_dir)), stderr=subprocess.PIPE)
+    _wait_for_records(run_dir, 4, proc)
+    for path in run_dir.iterdir():
+        path.unlink()
+    run_dir.rmdir()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "was removed while the run was writing to it" in stderr.decode()
+
+
+async def test_every_injected_fault_is_recorded_as_what_it_was(tmp_path: Path) -> None:
+    faults = Faults(http_error=0.05, rate_limit=0.05, error_event=0.05, disconnect=0.05, malformed=0.05,
+                    stall=0.05, stall_s=2.0)  # fmt: skip
+    expected = {
+        "http_error": ("http_error", 500),
+        "rate_limit": ("http_error", 429),
+        "error_event": ("stream_error", 200),
+        "disconnect": ("disconnected", 200),
+        "malformed": ("malformed_event", 200),
+        "stall": ("timeout", 200),
+    }
+    with SimulatorProcess(SimConfig(engine=fast_engine(), faults=faults, output_median=16)) as sim:
+        config = RunConfig(
+            base_url=sim.base_url,
+            concurrency=16,
+            max_queries=200,
+            dataset="synthetic",
+            output_tokens=16,
+            read_timeout=0.5,
+            telemetry="none",
+            output_dir=tmp_path / "faults",
+        )
+        result = await run_benchmark(config)
+        stats = httpx.get(f"{sim.root_url}/sim/stats").json()
+    assert stats["requests"] == result.records.height == 200
+    assert set(stats["injected"]) == set(expected)
+    for rid, status, kind, code in result.records.select(
+        "request_id", "status", "error_type", "http_status"
+    ).iter_rows():
+        injected = stats["by_request"].get(str(rid))
+        assert (status == "ok") if injected is None else ((kind, code) == expected[injected]), (rid, injected)
+
+
+@pytest.fixture
+async def odd_server() -> AsyncIterator[Callable[[bytes, float], str]]:
+    """A raw TCP server that answers every request with the given bytes, then waits ``hold`` s."""
+    servers: list[asyncio.Server] = []
+
+    async def start(reply: bytes, hold: float) -> str:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(reply)
+            await writer.drain()
+            await asyncio.sleep(hold)
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+
+    yield start  # type: ignore[misc]
+    for server in servers:
+        server.close()
+
+
+async def _send(base_url: str, read_timeout: float = 5.0) -> RequestRecord:
+    client = StreamingClient(ClientConfig(base_url=base_url, read_timeout=read_timeout), 0)
+    record = RequestRecord(request_id=0, query_id="q", dataset="t", prompt="p")
+    try:
+        await client.send(record, client.body(Query("q", "p"), "m"))
+    finally:
+        await client.aclose()
+    return record
+
+
+EVENT = b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}\n\n'
+
+
+async def test_odd_servers_get_a_clear_outcome(odd_server: Callable[..., object]) -> None:
+    # HTTP/1.0, no length, the stream ends when the connection closes: a whole answer
+    http10 = await odd_server(
+        b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + EVENT + b"data: [DONE]\n\n", 0
+    )  # type: ignore[operator]
+    record = await _send(http10)
+    assert record.status is Status.OK and record.answer == "hi"
+    # stream=true ignored: one JSON body
+    body = b'{"choices": [{"message": {"content": "hi"}}]}'
+    plain = await odd_server(  # type: ignore[operator]
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(body), body),
+        0,
+    )
+    record = await _send(plain)
+    assert record.error_type is ErrorType.NOT_STREAMING and "ignored stream=true" in (
+        record.error_message or ""
+    )
+    # headers, then nothing: the read timeout ends it
+    silent = await odd_server(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", 5)  # type: ignore[operator]
+    started = time.monotonic()
+    record = await _send(silent, read_timeout=0.5)
+    assert record.error_type is ErrorType.TIMEOUT and time.monotonic() - started < 3
+    # a 200 event stream that closes with no event at all
+    empty = await odd_server(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", 0)  # type: ignore[operator]
+    record = await _send(empty)
+    assert record.error_type is ErrorType.DISCONNECT and "sent no event" in (record.error_message or "")
+
+
+async def test_analyze_recovers_a_run_that_died(tmp_path: Path) -> None:
+    from ipw_async.analysis import analyze
+
+    result = await run_benchmark(quick_config(tmp_path, max_queries=12))
+    (result.run_dir / "summary.json").unlink()  # as a kill -9 leaves it
+    (result.run_dir / "traces.jsonl").unlink()
+    report = analyze(result.run_dir, "accuracy", write=False)["accuracy"]
+    assert report["scored"] == 12
+    assert json.loads((result.run_dir / "summary.json").read_text())["requests"]["total"] == 12
