@@ -18,6 +18,7 @@ arrivals (a request queued behind others' prefill did no work while it waited).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ class AttributionConfig:
     prefill_weight: float = 0.25
     baseline_w: float | None = None  # given idle power for accelerator meters
     baseline_window_ns: tuple[int, int] | None = None  # measure idle power over this window
+    session_starts_ns: tuple[int, ...] = ()  # resumed sessions: no energy counted across the gap
     gap_factor: float = 4.0  # a telemetry gap longer than this × median spacing is imputed
 
     def __post_init__(self) -> None:
@@ -118,13 +120,34 @@ def _series(
     return t[order], v[order]
 
 
-def virtual_counter(telemetry: pl.DataFrame, meter: Meter, gap_factor: float) -> VirtualCounter | None:
-    """A meter's cumulative energy as knots, or None when it produced no usable data."""
+def _continued(t: np.ndarray, e: np.ndarray, breaks: tuple[int, ...]) -> np.ndarray:
+    """A counter made non-decreasing within each session, each session continuing from the
+    previous one's last reading (the gap between them counts nothing)."""
+    out = np.empty_like(e)
+    edges = [0, *np.searchsorted(t, sorted(breaks)).tolist(), t.size]
+    carry = None
+    for a, b in itertools.pairwise(edges):
+        if a >= b:
+            continue
+        part = np.maximum.accumulate(e[a:b])
+        out[a:b] = part if carry is None else part - part[0] + carry
+        carry = out[b - 1]
+    return out
+
+
+def virtual_counter(
+    telemetry: pl.DataFrame, meter: Meter, gap_factor: float, breaks: tuple[int, ...] = ()
+) -> VirtualCounter | None:
+    """A meter's cumulative energy as knots, or None when it produced no usable data.
+
+    At each of ``breaks`` (where a resumed session began) the time since the previous session's
+    last reading counts no energy: the run was not running, and a new process's counter (the
+    simulator's) may have started again from zero."""
     if meter.kind == "counter" and meter.energy_column in telemetry.columns:
         series = _series(telemetry, f"{meter.source}.t_ns", meter.energy_column)
         if series is None:
             return None
-        kt, ke = counter_knots(series[0], np.maximum.accumulate(series[1]), meter.grids)
+        kt, ke = counter_knots(series[0], _continued(*series, breaks), meter.grids)
     elif meter.power_column in telemetry.columns:
         series = _series(telemetry, f"{meter.source}.t_ns", meter.power_column)
         if series is None:
@@ -135,6 +158,10 @@ def virtual_counter(telemetry: pl.DataFrame, meter: Meter, gap_factor: float) ->
         return None
     keep = np.concatenate(([True], np.diff(kt) > 0))
     kt, ke = kt[keep], ke[keep]
+    for b in breaks:
+        i = int(np.searchsorted(kt, b))
+        if 0 < i < kt.size:
+            ke[i:] += ke[i - 1] - ke[i]
     if kt.size < 2:
         return None
     return VirtualCounter(kt, ke, _gap_mask(kt, gap_factor))
@@ -266,7 +293,7 @@ def attribute_meter(
     """Attribute one meter's energy to ``requests`` (a :func:`request_windows` frame)."""
     n = requests.height
     base_prov = {"counter": "measured", "power": "integrated", "estimate": "estimated"}[meter.kind]
-    vc = virtual_counter(telemetry, meter, config.gap_factor)
+    vc = virtual_counter(telemetry, meter, config.gap_factor, config.session_starts_ns)
     if vc is None:
         nan = np.full(n, np.nan)
         return MeterResult(
@@ -433,11 +460,12 @@ def energy_over(
     telemetry: pl.DataFrame,
     meters: list[Meter],
     windows: list[list[tuple[int, int]]],
+    breaks: tuple[int, ...] = (),
     gap_factor: float = 4.0,
 ) -> list[float | None]:
     """What ``meters`` measured (together) over each item's windows (ns since run start): the
     whole device's energy, not a share; null where a meter's data does not cover a window."""
-    counters = [virtual_counter(telemetry, m, gap_factor) for m in meters]
+    counters = [virtual_counter(telemetry, m, gap_factor, breaks) for m in meters]
     if not counters:
         return [None] * len(windows)
     out: list[float | None] = []

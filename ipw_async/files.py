@@ -60,17 +60,23 @@ class _Chunks:
 class StreamWriter:
     """Appends tables to an Arrow IPC stream file; the schema is on disk from the start."""
 
-    def __init__(self, path: Path, schema: pa.Schema) -> None:
+    def __init__(self, path: Path, schema: pa.Schema, initial: pa.Table | None = None) -> None:
+        """A new stream at ``path``; with ``initial`` (a resumed run's earlier rows) it starts
+        with those, and replaces the old file only once they are on disk."""
         self.path = path
         self.schema = schema
         self.rows = 0
         self._chunks = _Chunks()
         self._writer = ipc.new_stream(pa.PythonFile(self._chunks, mode="w"), schema)
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        target = path if initial is None else path.with_suffix(path.suffix + ".tmp")
+        self._fd: int | None = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._size = 0  # bytes of whole batches on disk
         # the schema (and an empty batch) on disk now: readers open the file from its start
         self._writer.write_batch(pa.RecordBatch.from_pylist([], schema=schema))
         self._emit()
+        if initial is not None:
+            self.write(initial)
+            os.replace(target, path)
 
     def _emit(self) -> None:
         data = memoryview(self._chunks.take())
@@ -155,10 +161,11 @@ class RecordWriter:
     # hold to a few ms, so the event loop's thread is never locked out for long.
     SLICE = 32
 
-    def __init__(self, path: Path, batch_size: int = 256) -> None:
+    def __init__(self, path: Path, batch_size: int = 256, initial: pl.DataFrame | None = None) -> None:
         self.path = path
         self.batch_size = batch_size
-        self._stream = StreamWriter(path, RECORDS_SCHEMA)
+        kept = None if initial is None else to_arrow(initial)
+        self._stream = StreamWriter(path, RECORDS_SCHEMA, kept)
         self._pending: list[RequestRecord] = []
         self._lock = anyio.Lock()
 

@@ -50,7 +50,10 @@ class RequestRecord:
     prompt: str
     reference: str | None = None
     warmup: bool = False
-    # agentic and multi-turn runs: the task this call belongs to, and its place in the task
+    # the load unit this request served, and which session of the run sent it (0; k after the
+    # k-th --resume); agentic and multi-turn runs: its task, and its place in the task
+    unit_id: int | None = None
+    session: int = 0
     task_id: int | None = None
     turn_index: int | None = None
     # timing events
@@ -159,6 +162,8 @@ COLUMNS: tuple[tuple[str, pl.DataType, Callable[[RequestRecord], object]], ...] 
     ("query_id", pl.String(), _attr("query_id")),
     ("dataset", pl.String(), _attr("dataset")),
     ("warmup", pl.Boolean(), _attr("warmup")),
+    ("unit_id", pl.Int64(), _attr("unit_id")),
+    ("session", pl.Int32(), _attr("session")),
     ("task_id", pl.Int64(), _attr("task_id")),
     ("turn_index", pl.Int32(), _attr("turn_index")),
     ("prompt", pl.String(), _attr("prompt")),

@@ -35,14 +35,20 @@ def measured(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def window_s(frame: pl.DataFrame) -> float | None:
-    """The measured window: first request sent to the last one's end, in seconds."""
+    """The measured window: first request sent to the last one's end, in seconds; for a resumed
+    run, the sum of its sessions' windows (the time between sessions is not the run's)."""
     if frame.is_empty():
         return None
-    start = frame.get_column("sent_ns").min()
-    end = frame.select(end_ns().max()).item()
-    if start is None or end is None or end <= start:
+    spans = (
+        frame.group_by("session" if "session" in frame.columns else pl.lit(0))
+        .agg(pl.col("sent_ns").min().alias("start"), end_ns().max().alias("end"))
+        .filter(
+            pl.col("start").is_not_null() & pl.col("end").is_not_null() & (pl.col("end") > pl.col("start"))
+        )
+    )
+    if spans.is_empty():
         return None
-    return (end - start) / NS  # type: ignore[operator]
+    return float((spans.get_column("end") - spans.get_column("start")).sum()) / NS
 
 
 def latency_stats(frame: pl.DataFrame) -> dict[str, Any]:

@@ -262,3 +262,46 @@ async def test_analyze_recovers_a_run_that_died(tmp_path: Path) -> None:
     report = analyze(result.run_dir, "accuracy", write=False)["accuracy"]
     assert report["scored"] == 12
     assert json.loads((result.run_dir / "summary.json").read_text())["requests"]["total"] == 12
+
+
+@pytest.mark.parametrize("workload", ["single", "agentic"])
+def test_resume_finishes_a_killed_run_on_the_same_clock(tmp_path: Path, workload: str) -> None:
+    run_dir = tmp_path / workload
+    proc = subprocess.Popen(
+        _run("-c", "8", "-n", "120", "--warmup", "4", "--workload", workload, "-o", str(run_dir))
+    )
+    _wait_for_records(run_dir, 20, proc)
+    proc.kill()
+    proc.wait()
+    before = read_arrow(run_dir / "records.arrow", partial_ok=True)
+    resumed = subprocess.run(
+        _run("--resume", str(run_dir), "--concurrency", "99"),  # its own settings win
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr and "as session 1" in resumed.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["complete"] is True and summary["config"]["concurrency"] == 8
+    records = pl.read_ipc_stream(run_dir / "records.arrow")
+    assert set(records.get_column("session").unique()) == {0, 1}
+    assert records.get_column("request_id").is_unique().all()
+    first = records.filter(pl.col("session") == 0)
+    second = records.filter(pl.col("session") == 1)
+    assert second.get_column("sent_ns").min() > first.get_column("sent_ns").max()  # one clock, later
+    if workload == "single":
+        measured = records.filter(~pl.col("warmup"))
+        assert sorted(measured.get_column("unit_id").to_list()) == list(range(4, 124))
+        assert (measured.get_column("status") == "ok").all()
+        assert summary["requests"]["measured"] == 120
+    else:
+        tasks = [json.loads(line) for line in (run_dir / "tasks.jsonl").read_text().splitlines()]
+        measured_ids = sorted(t["task_id"] for t in tasks if not t["warmup"])
+        assert measured_ids == list(range(4, 124)) and summary["tasks"]["count"] == 120
+    # what session 0 finished is kept as it was measured
+    kept = before.filter(pl.col("status") == "ok").get_column("request_id").to_list()
+    assert set(kept) <= set(first.get_column("request_id").to_list()) or workload == "agentic"
+    assert abs(summary["energy"]["meters"]["sim"]["conservation_error"]) < 1e-9
+    again = subprocess.run(_run("--resume", str(run_dir)), capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "nothing to resume" in again.stderr

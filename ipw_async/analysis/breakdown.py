@@ -50,10 +50,14 @@ def active_count(bounds: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.n
 
 
 def meter_breakdown(
-    telemetry: pl.DataFrame, meter: Meter, records: pl.DataFrame, reference_j: float | None = None
+    telemetry: pl.DataFrame,
+    meter: Meter,
+    records: pl.DataFrame,
+    reference_j: float | None = None,
+    breaks: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """Energy, time and mean power per phase for one meter, and the check against the total."""
-    vc = virtual_counter(telemetry, meter, AttributionConfig().gap_factor)
+    vc = virtual_counter(telemetry, meter, AttributionConfig().gap_factor, breaks)
     if vc is None:
         return {"kind": meter.kind, "reason": "the meter has fewer than two usable readings"}
     spans = phase_spans(records)
@@ -105,7 +109,9 @@ def energy_report(run: RunDir) -> dict[str, Any]:
     return {
         "rule": RULE,
         "meters": {
-            m.channel: meter_breakdown(run.telemetry, m, run.records, known.get(m.channel, {}).get("total_j"))
+            m.channel: meter_breakdown(
+                run.telemetry, m, run.records, known.get(m.channel, {}).get("total_j"), run.session_starts_ns
+            )
             | {"power_model": known.get(m.channel, {}).get("power_model")}
             for m in meters
         },

@@ -50,6 +50,13 @@ class RunDir:
         names = [c.removesuffix(".energy_j") for c in self.records.columns if c.endswith(".energy_j")]
         return ([HEADLINE] if "energy_j" in self.records.columns else []) + names
 
+    @property
+    def session_starts_ns(self) -> tuple[int, ...]:
+        """Where resumed sessions began (none for a run without run.json)."""
+        if (self.path / files.RUN).is_file():
+            return Manifest.read(self.path).session_starts_ns
+        return ()
+
     def meters(self) -> list[Meter]:
         """The energy meters of the telemetry log: as ``run.json`` describes them, else (a run
         written before run.json existed) rebuilt from the summary and the log's columns.

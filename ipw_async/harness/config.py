@@ -187,6 +187,14 @@ class RunConfig:
         ),
     )
     runs_root: Path = Path("runs")
+    resume: Path | None = field(
+        default=None,
+        metadata=option(
+            "Continue the run in this directory that was killed or stopped: its finished queries "
+            "are kept, the rest run with its own settings (other options but --api-key are ignored).",
+            show_default=False,
+        ),
+    )
     overwrite: bool = field(
         default=False,
         metadata=option("Replace an existing run directory's files (its analyses and plots too)."),

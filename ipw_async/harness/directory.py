@@ -65,12 +65,21 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+def boot_id() -> str | None:
+    """This boot of this machine (Linux): the monotonic clock is only continuous within one."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
 def host() -> dict[str, Any]:
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
+        "boot_id": boot_id(),
     }
 
 
@@ -94,6 +103,8 @@ class Manifest:
     counter_events: dict[str, dict[str, int]] = field(default_factory=dict)
     end: dict[str, Any] | None = None  # how the run ended; None while it runs (or after a crash)
     dispatched: int = 0  # requests sent so far, kept current as records are flushed: what a crash can lose
+    # one entry per --resume: when the session started (ns on the run clock), records dropped
+    sessions: list[dict[str, Any]] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     versions: dict[str, str | None] = field(default_factory=versions)
     host: dict[str, Any] = field(default_factory=host)
@@ -124,6 +135,7 @@ class Manifest:
             "baseline_window_ns": list(self.baseline_window_ns) if self.baseline_window_ns else None,
             "end": self.end,
             "dispatched": self.dispatched,
+            "sessions": self.sessions,
             "config": self.config,
             "versions": self.versions,
             "host": self.host,
@@ -150,10 +162,16 @@ class Manifest:
             counter_events=tel.get("counter_events", {}),
             end=data.get("end"),
             dispatched=data.get("dispatched", 0),
+            sessions=data.get("sessions", []),
             run_id=data["run_id"],
             versions=data["versions"],
             host=data["host"],
         )
+
+    @property
+    def session_starts_ns(self) -> tuple[int, ...]:
+        """Where a resumed session began: energy counters are not continued across these."""
+        return tuple(int(s["started_ns"]) for s in self.sessions)
 
     def write(self, run_dir: Path) -> None:
         files.write_json(run_dir / files.RUN, self.as_dict())

@@ -36,6 +36,9 @@ class Executor:
         scorer: str | None,
         server: str,
         abort_after: int,
+        session: int = 0,
+        first_request_id: int = 0,
+        done_units: frozenset[int] = frozenset(),
     ) -> None:
         self.workload = workload
         self.client = client
@@ -49,18 +52,28 @@ class Executor:
         self.records: list[RequestRecord] = []
         self.abort_reason: str | None = None
         self.aborted = asyncio.Event()
-        self._ids = itertools.count()
+        self.session = session
+        self.done_units = done_units  # finished in an earlier session: not run again
+        self.first_request_id = first_request_id
+        self._ids = itertools.count(first_request_id)
         self._connect_errors = 0
 
     def units(self, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
-        """The workload's next units, until the run is aborted."""
+        """The workload's next units (less those an earlier session finished), until the run is
+        aborted."""
         for unit in self.workload.units(count, warmup):
             if self.aborted.is_set():
                 return
-            yield unit
+            if unit.unit_id not in self.done_units:
+                yield unit
 
     async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
         await self.workload.perform(unit, self, scheduled_ns)
+
+    @property
+    def dispatched(self) -> int:
+        """Requests sent in the whole run, earlier sessions included."""
+        return self.first_request_id + len(self.records)
 
     @property
     def t0_ns(self) -> int:
@@ -77,6 +90,8 @@ class Executor:
             prompt=prompt,
             reference=unit.query.reference,
             warmup=unit.warmup,
+            unit_id=unit.unit_id,
+            session=self.session,
             task_id=None if turn is None else unit.unit_id,
             turn_index=turn,
             scheduled_ns=scheduled_ns - t0,

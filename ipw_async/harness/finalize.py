@@ -59,7 +59,7 @@ def finalize(
     """
     run_dir = Path(run_dir)
     manifest = Manifest.read(run_dir)
-    records = _read_records(run_dir)
+    records = read_records(run_dir)
     telemetry = _read_telemetry(run_dir, manifest)
     config = manifest.config
     settings = AttributionConfig(  # raises ValueError for an unknown rule
@@ -67,6 +67,7 @@ def finalize(
         prefill_weight=config["prefill_weight"] if prefill_weight is None else prefill_weight,
         baseline_w=config["baseline_w"] if baseline_w is None else baseline_w,
         baseline_window_ns=manifest.baseline_window_ns,
+        session_starts_ns=manifest.session_starts_ns,
     )
     energy_section: dict[str, Any] = {
         "meters": {},
@@ -79,21 +80,25 @@ def finalize(
     files.write_frame(records, run_dir / files.RECORDS)
     headline = [m for m in manifest.meters if m.channel in energy_section.get("headline_meters", ())]
     tasks = _read_tasks(run_dir)
-    traces = _traces(records, tasks, telemetry, headline, parse_price(config.get("price")))
+    traces = _traces(
+        records, tasks, telemetry, headline, parse_price(config.get("price")), manifest.session_starts_ns
+    )
     write_traces(run_dir / files.TRACES, traces)
     summary = _summary(manifest, records, energy_section)
-    summary["loss"] = loss(records, tasks, telemetry, manifest.dispatched)
+    dropped = sum(s.get("dropped", 0) for s in manifest.sessions)  # re-run by a --resume
+    summary["loss"] = loss(records, tasks, telemetry, manifest.dispatched - dropped)
     if tasks:
         summary["tasks"] = task_stats(traces, window_s(measured(records)))
     files.write_json(run_dir / files.SUMMARY, summary)
     return RunResult(run_dir=run_dir, summary=summary, records=records)
 
 
-def _read_records(run_dir: Path) -> pl.DataFrame:
+def read_records(run_dir: Path, partial_ok: bool = False) -> pl.DataFrame:
+    """The measured columns of a run's records (none of an earlier finalize's energy columns)."""
     path = run_dir / files.RECORDS
     if not path.is_file():
         raise RunDirError(f"{run_dir} holds no {files.RECORDS}; is it a run directory?")
-    frame = files.read_arrow(path)
+    frame = files.read_arrow(path, partial_ok=partial_ok)
     # a column this version records that the run's version did not: unknown, not zero
     missing = [
         pl.lit(None, dtype).alias(name) for name, dtype in RECORD_SCHEMA.items() if name not in frame.columns
@@ -141,6 +146,7 @@ def _traces(
     telemetry: pl.DataFrame | None,
     headline: list[Meter],
     prices: tuple[float, float] | None,
+    breaks: tuple[int, ...],
 ) -> list[QueryTrace]:
     """Per task when the run logged tasks, else per request."""
     if not tasks:
@@ -148,7 +154,7 @@ def _traces(
     rows = {row["request_id"]: row for row in records.iter_rows(named=True)}
     tool_wait_j = None
     if telemetry is not None and headline:
-        tool_wait_j = energy_over(telemetry, headline, [tool_waits(t, rows) for t in tasks])
+        tool_wait_j = energy_over(telemetry, headline, [tool_waits(t, rows) for t in tasks], breaks)
     return traces_from_tasks(tasks, rows, prices, tool_wait_j)
 
 

@@ -43,6 +43,7 @@ from .executor import Executor
 from .finalize import RunResult, finalize
 from .health import HarnessCpu, LoopLag, gc_frozen
 from .limits import ensure_open_files
+from .resume import Resume, resume_from
 
 FLUSH_S = 0.5  # records and telemetry reach the disk at least this often: what a kill -9 can lose
 
@@ -103,7 +104,11 @@ async def run_benchmark(
     disk, with ``complete: false`` in the summary.
     """
     spec = config.validate()
-    session = _Session(config, spec, workload or workload_of(config), display)
+    resume = None
+    if config.resume is not None:
+        config, resume = resume_from(config)
+        spec = config.validate()
+    session = _Session(config, spec, workload or workload_of(config), display, resume)
     await session.run()
     assert session.run_dir is not None
     try:
@@ -158,14 +163,26 @@ class _Tasks:
 
 
 class _TelemetryFile:
-    """``telemetry.arrow``, appended from the sampler's log as the run goes."""
+    """``telemetry.arrow``, appended from the sampler's log as the run goes (after an earlier
+    session's rows, when the run is resumed)."""
 
-    def __init__(self, path: Path, log: TelemetryLog) -> None:
+    def __init__(self, path: Path, log: TelemetryLog, earlier: pl.DataFrame | None = None) -> None:
         self.log = log
-        self.stream = files.StreamWriter(path, files.to_arrow(pl.DataFrame(schema=log.schema)).schema)
+        self.written = 0  # rows of this session's log on disk
+        schema = files.to_arrow(pl.DataFrame(schema=log.schema)).schema
+        kept = None
+        if earlier is not None and earlier.height:
+            if earlier.columns != list(log.schema):
+                raise RunError(
+                    f"cannot resume: the telemetry sources differ from the run's ({', '.join(earlier.columns)})"
+                )
+            kept = files.to_arrow(earlier).cast(schema)
+        self.stream = files.StreamWriter(path, schema, kept)
 
     def flush(self) -> None:
-        self.stream.write(files.to_arrow(self.log.frame(self.stream.rows)))
+        frame = self.log.frame(self.written)
+        self.stream.write(files.to_arrow(frame))
+        self.written += frame.height
 
 
 def _is_local(base_url: str) -> bool:
@@ -176,11 +193,19 @@ def _is_local(base_url: str) -> bool:
 class _Session:
     """The parts of one run while it is live."""
 
-    def __init__(self, config: RunConfig, spec: LoadSpec, workload: Workload, display: Display | None):
+    def __init__(
+        self,
+        config: RunConfig,
+        spec: LoadSpec,
+        workload: Workload,
+        display: Display | None,
+        resume: Resume | None = None,
+    ):
         self.config = config
         self.spec = spec
         self.workload = workload
         self.display = display
+        self.resume = resume
         self.run_dir: Path | None = None
         self.interrupted: BaseException | None = None
         self.abort_reason: str | None = None
@@ -210,11 +235,18 @@ class _Session:
             )
             if note := ensure_open_files(self.spec.pool_size):
                 self._note(note)
-            directory.prepare(run_dir, config.overwrite)
+            resume = self.resume
+            if resume is None:
+                directory.prepare(run_dir, config.overwrite)
+            else:
+                self._note(
+                    f"resuming {run_dir} as session {resume.session}: {len(resume.done_units)} units done, "
+                    f"{resume.dropped} partial records dropped (their units run again)"
+                )
             self.run_dir = run_dir
             telemetry = await self._telemetry(sim, base_url)
             stack.callback(telemetry.close)
-            anchor = ClockAnchor.take()
+            anchor = ClockAnchor.take() if resume is None else resume.manifest.anchor
             client = StreamingClient(self._client_config(base_url), t0_ns=anchor.monotonic_ns)
             stack.push_async_callback(client.aclose)
             state = self._state(telemetry, run_dir)
@@ -226,10 +258,16 @@ class _Session:
                 probe_s=config.counter_probe_s,
             )
             manifest = self._manifest(anchor, model, base_url, telemetry, sampler)
+            if resume is not None:
+                _continue(manifest, resume, now_ns() - anchor.monotonic_ns)
             manifest.write(run_dir)
-            writer = files.RecordWriter(run_dir / files.RECORDS)
+            writer = files.RecordWriter(run_dir / files.RECORDS, initial=resume and resume.records)
             task_log = files.JsonLines(run_dir / files.TASKS)
-            tel_file = _TelemetryFile(run_dir / files.TELEMETRY, sampler.log) if telemetry.opened else None
+            tel_file = (
+                _TelemetryFile(run_dir / files.TELEMETRY, sampler.log, resume and resume.telemetry)
+                if telemetry.opened
+                else None
+            )
             executor = Executor(
                 self.workload,
                 client,
@@ -240,6 +278,9 @@ class _Session:
                 scorer=config.scorer or self.workload.scorer,
                 server=config.base_url or "the simulator",
                 abort_after=config.abort_after_connect_errors,
+                session=0 if resume is None else resume.session,
+                first_request_id=0 if resume is None else resume.next_request_id,
+                done_units=frozenset() if resume is None else resume.done_units,
             )
             state.phase = Phase.STARTING
 
@@ -258,7 +299,7 @@ class _Session:
                 finally:
                     task_log.close()
                 manifest.meters, manifest.counter_events = sampler.meters, sampler.counter_events()
-                manifest.dispatched = len(executor.records)
+                manifest.dispatched = executor.dispatched
                 self.abort_reason = executor.abort_reason
                 manifest.end = self._end(sampler)
                 with _refused(executor, run_dir / files.RUN):
@@ -293,13 +334,15 @@ class _Session:
     ) -> None:
         config, spec = self.config, self.spec
         rng = np.random.default_rng(config.seed)
-        if config.baseline_s > 0 and has_telemetry and config.baseline_w is None:
+        if self.resume is not None:  # the baseline and warm-up belong to the first session
+            list(self.workload.units(config.warmup, True))  # their unit ids stay theirs
+        elif config.baseline_s > 0 and has_telemetry and config.baseline_w is None:
             state.phase = Phase.BASELINE
             start = now_ns() - manifest.anchor.monotonic_ns
             await asyncio.sleep(config.baseline_s)
             manifest.baseline_window_ns = (start, now_ns() - manifest.anchor.monotonic_ns)
             manifest.write(run_dir)
-        if config.warmup:
+        if config.warmup and self.resume is None:
             state.phase = Phase.WARMUP
             await drive(spec, executor.units(config.warmup, True), executor.execute, rng)
         state.phase = Phase.MEASURING
@@ -324,6 +367,13 @@ class _Session:
         if self.config.max_queries is not None:
             return self.config.max_queries
         return None if self.config.duration is not None else self.workload.size()
+
+    def _remaining(self) -> int | None:
+        """Units this session will run: the plan, less what an earlier session finished."""
+        planned = self._planned()
+        if planned is None or self.resume is None:
+            return planned
+        return max(0, planned - len(self.resume.measured_done))
 
     def _end(self, sampler: Sampler) -> dict[str, Any]:
         return {
@@ -374,7 +424,7 @@ class _Session:
             label=spec.label,
             simulated=self.config.simulated,
             target_in_flight=spec.concurrency or spec.max_concurrency,
-            planned=self._planned(),
+            planned=self._remaining(),
             duration_s=self.config.duration,
             run_dir=str(run_dir),
         )
@@ -432,6 +482,18 @@ def _sim_root(config: RunConfig, sim: SimulatorProcess | None, base_url: str) ->
     return None
 
 
+def _continue(manifest: Manifest, resume: Resume, started_ns: int) -> None:
+    """A resumed session's run.json: the run's identity, clock and baseline, one more session."""
+    earlier = resume.manifest
+    manifest.run_id, manifest.config = earlier.run_id, earlier.config
+    manifest.baseline_window_ns = earlier.baseline_window_ns
+    manifest.dispatched = resume.next_request_id
+    manifest.sessions = [
+        *earlier.sessions,
+        {"session": resume.session, "started_ns": started_ns, "dropped": resume.dropped},
+    ]
+
+
 @contextlib.contextmanager
 def _refused(executor: Executor, path: Path) -> Iterator[None]:
     """A write the disk refuses (full, removed) ends the run with the reason, not a traceback."""
@@ -463,7 +525,7 @@ async def _flush_every(
             except OSError as exc:
                 executor.stop(f"cannot write {tel_file.stream.path}: {exc.strerror or exc}")
                 return
-        meters, events, dispatched = sampler.meters, sampler.counter_events(), len(executor.records)
+        meters, events, dispatched = sampler.meters, sampler.counter_events(), executor.dispatched
         if (
             meters != manifest.meters
             or events != manifest.counter_events

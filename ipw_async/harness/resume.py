@@ -1,0 +1,112 @@
+"""Continuing a run that died: what it finished, what is left, and its own settings.
+
+A resumed session writes into the same directory, on the same run clock (the monotonic clock
+is continuous within one boot of one machine), with ``session`` = k on its records. Units it
+finished keep their records; units that were in flight or cancelled run again, and their
+partial records are dropped (``run.json`` counts them). Energy is not counted across the gap
+between sessions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from .. import files
+from ..sim.process import config_from_json
+from .config import RunConfig
+from .directory import Manifest, RunDirError, boot_id
+from .errors import RunError
+from .finalize import read_records
+
+
+@dataclass
+class Resume:
+    run_dir: Path
+    manifest: Manifest
+    records: pl.DataFrame  # the records kept, as measured (no energy columns)
+    telemetry: pl.DataFrame | None
+    done_units: frozenset[int]
+    dropped: int  # partial records of units that run again
+    session: int
+    next_request_id: int
+
+    @property
+    def measured_done(self) -> set[int]:
+        warm = set(self.records.filter(pl.col("warmup")).get_column("unit_id").to_list())
+        return set(self.done_units) - warm
+
+
+def _finished_units(records: pl.DataFrame, run_dir: Path) -> set[int]:
+    tasks_path = run_dir / files.TASKS
+    if tasks_path.is_file() or records.get_column("task_id").drop_nulls().len():
+        logged = files.read_jsonl(tasks_path) if tasks_path.is_file() else []
+        return {t["task_id"] for t in logged if t["outcome"] != "cancelled"}
+    ended = records.filter(pl.col("status") != "cancelled")
+    return set(ended.get_column("unit_id").to_list())
+
+
+def resume_from(config: RunConfig) -> tuple[RunConfig, Resume]:
+    """The run in ``config.resume`` with its own settings (the API key and display from
+    ``config``), and what is left of it; RunError when it cannot be continued."""
+    assert config.resume is not None
+    run_dir = Path(config.resume)
+    try:
+        manifest = Manifest.read(run_dir)
+        records = read_records(run_dir, partial_ok=True)
+    except RunDirError as exc:
+        raise RunError(f"cannot resume: {exc}") from None
+    if manifest.end is not None and manifest.end.get("complete"):
+        raise RunError(f"{run_dir} is a complete run: there is nothing to resume")
+    if manifest.host.get("boot_id") != boot_id():
+        raise RunError(
+            f"{run_dir} was started on another machine or before this one last booted: its clock "
+            "cannot be continued; start a new run instead"
+        )
+    if records.height and records.get_column("unit_id").null_count() == records.height:
+        raise RunError(f"{run_dir} was written by an ipw-async older than 0.3, which cannot resume it")
+    done = _finished_units(records, run_dir)
+    kept = records.filter(pl.col("unit_id").is_in(list(done)))
+    telemetry = (
+        files.read_arrow(run_dir / files.TELEMETRY, partial_ok=True)
+        if (run_dir / files.TELEMETRY).is_file()
+        else None
+    )
+    resume = Resume(
+        run_dir=run_dir,
+        manifest=manifest,
+        records=kept,
+        telemetry=telemetry,
+        done_units=frozenset(done),
+        dropped=records.height - kept.height,
+        session=int(records.get_column("session").max() or 0) + 1 if records.height else 1,  # type: ignore[operator]
+        next_request_id=max(int(records.get_column("request_id").max() or 0) + 1, manifest.dispatched)  # type: ignore[operator]
+        if records.height
+        else manifest.dispatched,
+    )
+    return _own_config(manifest.config, config, run_dir), resume
+
+
+def _own_config(saved: dict[str, Any], given: RunConfig, run_dir: Path) -> RunConfig:
+    names = {f.name for f in dataclasses.fields(RunConfig)} - {
+        "api_key",
+        "sim",
+        "resume",
+        "output_dir",
+        "runs_root",
+    }
+    values = {k: v for k, v in saved.items() if k in names}
+    sim = config_from_json(json.dumps(saved["sim"])) if "sim" in saved else given.sim
+    return RunConfig(
+        **values,
+        api_key=given.api_key,
+        sim=sim,
+        output_dir=run_dir,
+        runs_root=Path(saved.get("runs_root", "runs")),
+        resume=run_dir,
+    )
