@@ -8,9 +8,11 @@ the file in one ``write`` call, so a killed process leaves whole batches behind.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +152,18 @@ def read_arrow(path: str | Path, partial_ok: bool = False) -> pl.DataFrame:
 RECORDS_SCHEMA = to_arrow(records_frame([])).schema
 
 
+async def write_in_thread(write: Callable[..., None], *args: Any) -> None:
+    """Run a blocking write in a worker thread and wait for it to end, even when the waiting
+    task is cancelled (the run ending): a write left running could land after the file's
+    end-of-stream marker, where no reader looks, and its rows would be silently lost."""
+    done = asyncio.ensure_future(anyio.to_thread.run_sync(write, *args))
+    try:
+        await asyncio.shield(done)
+    except asyncio.CancelledError:
+        await done
+        raise
+
+
 class RecordWriter:
     """Appends records to ``records.arrow`` in batches, off the event loop.
 
@@ -186,7 +200,7 @@ class RecordWriter:
         async with self._lock:
             records, self._pending = self._pending, []
             if records:
-                await anyio.to_thread.run_sync(self._write, records)
+                await write_in_thread(self._write, records)
 
     async def close(self) -> None:
         try:

@@ -21,7 +21,7 @@ import pytest
 from ipw_async import RunConfig, read_arrow, run_benchmark
 from ipw_async.client import ClientConfig, StreamingClient
 from ipw_async.records import ErrorType, RequestRecord, Status
-from ipw_async.sim import Faults, SimConfig, SimulatorProcess
+from ipw_async.sim import FAULT_OUTCOMES, Faults, SimConfig, SimulatorProcess
 from ipw_async.workload import Query
 
 from .conftest import fast_engine, quick_config
@@ -157,16 +157,7 @@ def test_removing_the_run_directory_mid_run_is_reported(tmp_path: Path) -> None:
 
 
 async def test_every_injected_fault_is_recorded_as_what_it_was(tmp_path: Path) -> None:
-    faults = Faults(http_error=0.05, rate_limit=0.05, error_event=0.05, disconnect=0.05, malformed=0.05,
-                    stall=0.05, stall_s=2.0)  # fmt: skip
-    expected = {
-        "http_error": ("http_error", 500),
-        "rate_limit": ("http_error", 429),
-        "error_event": ("stream_error", 200),
-        "disconnect": ("disconnected", 200),
-        "malformed": ("malformed_event", 200),
-        "stall": ("timeout", 200),
-    }
+    faults = Faults(**dict.fromkeys(FAULT_OUTCOMES, 0.05), stall_s=2.0)
     with SimulatorProcess(SimConfig(engine=fast_engine(), faults=faults, output_median=16)) as sim:
         config = RunConfig(
             base_url=sim.base_url,
@@ -181,12 +172,15 @@ async def test_every_injected_fault_is_recorded_as_what_it_was(tmp_path: Path) -
         result = await run_benchmark(config)
         stats = httpx.get(f"{sim.root_url}/sim/stats").json()
     assert stats["requests"] == result.records.height == 200
-    assert set(stats["injected"]) == set(expected)
+    assert set(stats["injected"]) == set(FAULT_OUTCOMES)
     for rid, status, kind, code in result.records.select(
         "request_id", "status", "error_type", "http_status"
     ).iter_rows():
         injected = stats["by_request"].get(str(rid))
-        assert (status == "ok") if injected is None else ((kind, code) == expected[injected]), (rid, injected)
+        assert (status == "ok") if injected is None else ((kind, code) == FAULT_OUTCOMES[injected]), (
+            rid,
+            injected,
+        )
 
 
 @pytest.fixture
@@ -305,3 +299,29 @@ def test_resume_finishes_a_killed_run_on_the_same_clock(tmp_path: Path, workload
     assert abs(summary["energy"]["meters"]["sim"]["conservation_error"]) < 1e-9
     again = subprocess.run(_run("--resume", str(run_dir)), capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "nothing to resume" in again.stderr
+
+
+async def test_a_flush_cancelled_mid_write_still_lands_before_the_end_of_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the end of a run cancels the periodic flush while its thread may be writing; the file's
+    # close must wait for that write, or its rows land after the end-of-stream marker, unread
+    from ipw_async.files import RecordWriter
+
+    writer = RecordWriter(tmp_path / "records.arrow")
+    slow = writer._write
+
+    def slow_write(records: list[RequestRecord]) -> None:
+        time.sleep(0.3)
+        slow(records)
+
+    monkeypatch.setattr(writer, "_write", slow_write)
+    for i in range(33):
+        writer.add(RequestRecord(request_id=i, query_id=str(i), dataset="d", prompt="p"))
+    flushing = asyncio.ensure_future(writer.flush())
+    await asyncio.sleep(0.05)  # the thread is writing now
+    flushing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await flushing
+    await writer.close()
+    assert pl.read_ipc_stream(tmp_path / "records.arrow").height == 33

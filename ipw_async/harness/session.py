@@ -291,7 +291,7 @@ class _Session:
                 try:  # each file is closed even when the disk refuses what is left
                     if tel_file is not None:
                         with _refused(executor, tel_file.stream.path):
-                            await anyio.to_thread.run_sync(tel_file.flush)
+                            await files.write_in_thread(tel_file.flush)
                         with _refused(executor, tel_file.stream.path):
                             tel_file.stream.close()
                     with _refused(executor, writer.path):
@@ -521,7 +521,7 @@ async def _flush_every(
         await executor.flush()
         if tel_file is not None:
             try:
-                await anyio.to_thread.run_sync(tel_file.flush)
+                await files.write_in_thread(tel_file.flush)
             except OSError as exc:
                 executor.stop(f"cannot write {tel_file.stream.path}: {exc.strerror or exc}")
                 return

@@ -2,9 +2,10 @@
 
 from .engine import EngineConfig, drawn_physics
 from .process import SimulatorError, SimulatorProcess
-from .server import SIM_MODEL, Faults, SimConfig, serve
+from .server import FAULT_OUTCOMES, SIM_MODEL, Faults, SimConfig, serve
 
 __all__ = [
+    "FAULT_OUTCOMES",
     "SIM_MODEL",
     "EngineConfig",
     "Faults",

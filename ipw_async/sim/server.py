@@ -228,6 +228,18 @@ def _chat_prompt(messages: list[object], tools: object) -> str:
     return "\n".join(parts)
 
 
+# What each injected fault looks like to a client that records it: (error_type, HTTP status).
+# A stall is a timeout only when it outlasts the client's read timeout.
+FAULT_OUTCOMES: dict[str, tuple[str, int]] = {
+    "http_error": ("http_error", 500),
+    "rate_limit": ("http_error", 429),
+    "error_event": ("stream_error", 200),
+    "disconnect": ("disconnected", 200),
+    "malformed": ("malformed_event", 200),
+    "stall": ("timeout", 200),
+}
+
+
 @dataclass
 class FaultStats:
     """The simulator's own account: requests received, streams it finished, and the first fault

@@ -32,7 +32,10 @@ class UnitCycle:
     across calls (warm-up units first, then measured ones)."""
 
     def __init__(self, queries: Iterable[Query]) -> None:
-        self._queries = itertools.cycle(queries)
+        items = list(queries)  # a finite list: cycle() keeps a copy of what it has yielded
+        if not items:
+            raise DatasetError("the dataset has no queries")
+        self._queries = itertools.cycle(items)
         self._ids = itertools.count()
 
     def units(self, count: int | None, warmup: bool) -> Iterator[WorkUnit]:

@@ -15,7 +15,7 @@ class SingleTurn:
         self.dataset = dataset
         self.name = dataset.name
         self.scorer = dataset.scorer
-        self._cycle = UnitCycle(dataset.cycle())
+        self._cycle = UnitCycle(dataset.queries)
 
     def size(self) -> int:
         return len(self.dataset)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,13 +37,6 @@ class Dataset:
 
     def __len__(self) -> int:
         return len(self.queries)
-
-    def cycle(self) -> Iterator[Query]:
-        """Queries in order, wrapping around so any number of requests can be drawn."""
-        if not self.queries:
-            raise DatasetError(f"dataset {self.name!r} has no queries")
-        while True:
-            yield from self.queries
 
 
 # -- built-in QA ----------------------------------------------------------------------------
