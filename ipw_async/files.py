@@ -70,15 +70,17 @@ class StreamWriter:
         self.rows = 0
         self._chunks = _Chunks()
         self._writer = ipc.new_stream(pa.PythonFile(self._chunks, mode="w"), schema)
-        target = path if initial is None else path.with_suffix(path.suffix + ".tmp")
+        # Written aside and renamed into place: the file never exists without its schema (a
+        # reader never finds it empty), and a resumed run's old file is replaced only once its
+        # rows are in the new one.
+        target = path.with_suffix(path.suffix + ".tmp")
         self._fd: int | None = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._size = 0  # bytes of whole batches on disk
-        # the schema (and an empty batch) on disk now: readers open the file from its start
         self._writer.write_batch(pa.RecordBatch.from_pylist([], schema=schema))
         self._emit()
         if initial is not None:
             self.write(initial)
-            os.replace(target, path)
+        os.replace(target, path)
 
     def _emit(self) -> None:
         data = memoryview(self._chunks.take())
