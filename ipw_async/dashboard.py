@@ -20,6 +20,7 @@ from rich.measure import Measurement
 from rich.segment import Segment
 from rich.style import Style
 
+from .report import DASH, ms
 from .state import MeterState, RunState
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ LOOP_LAG_WARN_MS = 20.0
 SAMPLER_LATENESS_WARN_MS = 10.0
 SPARK = "▁▂▃▄▅▆▇█"
 BAR_WIDTH = 30
-DASH = "—"
 
 KEY = Style(bold=True)
 METER = Style(bold=True, color="cyan")
@@ -207,10 +207,6 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-def _ms(seconds: float | None) -> str:
-    return DASH if seconds is None else f"{seconds * 1000:,.1f} ms"
-
-
 def _bar(fraction: float) -> str:
     filled = round(max(0.0, min(1.0, fraction)) * BAR_WIDTH)
     return "█" * filled + "░" * (BAR_WIDTH - filled)
@@ -302,7 +298,7 @@ def render(
         row("in flight", f"{state.in_flight:,}{target}")
     row("requests/s", f"{req_s:,.1f} (last 5 s) · {run_req_s:,.1f} (run)")
     row("output tok/s", f"{tok_s:,.0f} (last 5 s) · {run_tok_s:,.0f} (run)")
-    row("latency", f"TTFT p50 {_ms(ttft50)} · p95 {_ms(ttft95)} · TPOT p50 {_ms(tpot50)}")
+    row("latency", f"TTFT p50 {ms(ttft50)} · p95 {ms(ttft95)} · TPOT p50 {ms(tpot50)}")
     if state.errors:
         detail = ", ".join(f"{_clean(kind)} {n:,}" for kind, n in state.errors.most_common())
         row("errors", [(f"{state.failed:,}: {detail}", ERROR)])

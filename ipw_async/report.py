@@ -6,13 +6,16 @@ from typing import Any
 
 from rich.table import Table
 
+DASH = "—"  # a figure that was not measured: never 0
 
-def _ms(value: float | None) -> str:
-    return "—" if value is None else f"{value * 1000:,.1f} ms"
+
+def ms(seconds: float | None) -> str:
+    """Seconds as milliseconds for a table; a dash when not measured."""
+    return DASH if seconds is None else f"{seconds * 1000:,.1f} ms"
 
 
 def _num(value: float | None, fmt: str = ",.1f", unit: str = "") -> str:
-    return "—" if value is None else f"{value:{fmt}}{unit}"
+    return DASH if value is None else f"{value:{fmt}}{unit}"
 
 
 def describe_model(model: dict[str, Any]) -> str:
@@ -81,7 +84,7 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
     table.add_row("output tokens/s", _num(thr.get("output_tokens_per_s"), ",.0f"))
     for name in ("ttft", "tpot", "e2e"):
         dist = lat.get(name, {})
-        table.add_row(f"{name} p50 / p99", f"{_ms(dist.get('p50'))} / {_ms(dist.get('p99'))}")
+        table.add_row(f"{name} p50 / p99", f"{ms(dist.get('p50'))} / {ms(dist.get('p99'))}")
     tasks = summary.get("tasks")
     if tasks:
         _task_rows(table, tasks)
@@ -95,7 +98,7 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
             f"{total:,.1f} J: {energy.get('attributed_j', 0):,.1f} J to queries, {idle:,.1f} J idle"
             f" ({idle / total:.0%})"
             if total
-            else "—",
+            else DASH,
         )
         per_query = energy.get("per_query_j", {})
         table.add_row(
