@@ -258,59 +258,55 @@ def main() -> None:
     args = parser.parse_args()
     requests, kills, streams = (1000, 2, 300) if args.quick else (5000, 5, 1000)
     rows: list[tuple[str, str, str]] = []
+
+    def report(case: str, figures: dict[str, Any], result: str, target: str) -> None:
+        print(json.dumps(figures), flush=True)
+        rows.append((case, result, target))
+
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         f = asyncio.run(faults_case(requests))
-        rows.append(
-            (
-                f"{requests} requests, c=64, 10% mixed faults",
-                f"{f['with_outcome']}/{f['server_requests']} with an outcome; {f['matching']}/{f['recorded']} "
-                f"match what was injected ({', '.join(f'{k} {v}' for k, v in sorted(f['injected'].items()))}); "
-                f"wall {f['faulty_wall_s']:.1f} s vs {f['clean_wall_s']:.1f} s fault-free",
-                "every request an outcome, each as injected",
-            )
+        injected = ", ".join(f"{k} {v}" for k, v in sorted(f["injected"].items()))
+        report(
+            f"{requests} requests, c=64, 10% mixed faults",
+            f,
+            f"{f['with_outcome']}/{f['server_requests']} with an outcome; {f['matching']}/{f['recorded']} "
+            f"match what was injected ({injected}); wall {f['faulty_wall_s']:.1f} s vs "
+            f"{f['clean_wall_s']:.1f} s fault-free",
+            "every request an outcome, each as injected",
         )
-        print(json.dumps(f | {"injected": f["injected"]}), flush=True)
         for seed in range(kills):
             k = kill_case(seed, tmp)
-            print(json.dumps(k), flush=True)
-            rows.append(
-                (
-                    f"kill -9 #{seed + 1}",
-                    f"{k['lost']} of {k['finished_by_server']} finished requests not on disk "
-                    f"({k['lost_s']:.2f} s of work); recovered conservation {k['conservation']:.1e}; "
-                    f"recover {k['recover_s']:.2f} s",
-                    "≤ 1 s of work lost",
-                )
+            report(
+                f"kill -9 #{seed + 1}",
+                k,
+                f"{k['lost']} of {k['finished_by_server']} finished requests not on disk "
+                f"({k['lost_s']:.2f} s of work); recovered conservation {k['conservation']:.1e}; "
+                f"recover {k['recover_s']:.2f} s",
+                "≤ 1 s of work lost",
             )
         o = orphan_case(tmp)
-        print(json.dumps(o), flush=True)
-        rows.append(
-            (
-                "kill -9 with the embedded simulator",
-                f"{o['children']} child process(es); {o['alive_after_10s']} alive after 10 s; "
-                f"gone {o['outlived_s']:.2f} s after the harness",
-                "no child survives",
-            )
+        report(
+            "kill -9 with the embedded simulator",
+            o,
+            f"{o['children']} child process(es); {o['alive_after_10s']} alive after 10 s; "
+            f"gone {o['outlived_s']:.2f} s after the harness",
+            "no child survives",
         )
         s = streams_case(streams, tmp)
-        print(json.dumps(s), flush=True)
-        rows.append(
-            (
-                f"{streams} streams, zero-delay simulator",
-                f"{s['requests']} requests, {s['errors']} errors; peak RSS {s['peak_rss_mib']:.0f} MiB",
-                "0 errors",
-            )
+        report(
+            f"{streams} streams, zero-delay simulator",
+            s,
+            f"{s['requests']} requests, {s['errors']} errors; peak RSS {s['peak_rss_mib']:.0f} MiB",
+            "0 errors",
         )
         t = sigterm_case(tmp)
-        print(json.dumps(t), flush=True)
-        rows.append(
-            (
-                "SIGTERM mid-run",
-                f"exit {t['rc']}; summary written (complete {t['complete']}, interrupted {t['interrupted']}); "
-                f"{t['records_pyarrow']} records read by pyarrow and polars, {t['traces']} traces",
-                "files complete",
-            )
+        report(
+            "SIGTERM mid-run",
+            t,
+            f"exit {t['rc']}; summary written (complete {t['complete']}, interrupted {t['interrupted']}); "
+            f"{t['records_pyarrow']} records read by pyarrow and polars, {t['traces']} traces",
+            "files complete",
         )
     print("\n| case | result | target |\n|---|---|---|")
     for row in rows:
