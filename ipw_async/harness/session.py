@@ -321,7 +321,6 @@ class _Session:
                 )
             except (asyncio.CancelledError, KeyboardInterrupt) as exc:
                 self.interrupted = exc
-            self.abort_reason = executor.abort_reason
 
     async def _phases(
         self,
@@ -513,18 +512,15 @@ async def _flush_every(
 ) -> None:
     """Records and telemetry to disk, and run.json kept current (grids learned, counter
     resets, requests dispatched)."""
-    while True:
+    while not executor.aborted.is_set():
         await asyncio.sleep(period_s)
         if not run_dir.is_dir():  # writes to its open files would vanish with it
             executor.stop(f"the run directory {run_dir} was removed while the run was writing to it")
             return
         await executor.flush()
         if tel_file is not None:
-            try:
+            with _refused(executor, tel_file.stream.path):
                 await files.write_in_thread(tel_file.flush)
-            except OSError as exc:
-                executor.stop(f"cannot write {tel_file.stream.path}: {exc.strerror or exc}")
-                return
         meters, events, dispatched = sampler.meters, sampler.counter_events(), executor.dispatched
         if (
             meters != manifest.meters
@@ -532,7 +528,9 @@ async def _flush_every(
             or dispatched != manifest.dispatched
         ):
             manifest.meters, manifest.counter_events, manifest.dispatched = meters, events, dispatched
-            manifest.write(run_dir)
+            # built on the loop, written off it: twice a second, the loop should not wait on disk
+            with _refused(executor, run_dir / files.RUN):
+                await anyio.to_thread.run_sync(files.write_json, run_dir / files.RUN, manifest.as_dict())
 
 
 async def _mirror(state: RunState, sampler: Sampler, lag: LoopLag) -> None:
