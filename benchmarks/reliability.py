@@ -101,25 +101,9 @@ def kill_case(seed: int, tmp: Path) -> dict[str, Any]:
     rng = random.Random(seed)
     run_dir = tmp / f"kill{seed}"
     with SimulatorProcess(SimConfig(engine=FAST, output_median=64, seed=seed)) as sim:
-        proc = subprocess.Popen(
-            harness(
-                "--base-url",
-                sim.base_url,
-                "-c",
-                "32",
-                "-n",
-                "1000000",
-                "--telemetry",
-                "sim",
-                "--dataset",
-                "synthetic",
-                "-o",
-                str(run_dir),
-            ),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        proc = _started(
+            run_dir, "--base-url", sim.base_url, "-c", "32", "--telemetry", "sim", "--dataset", "synthetic"
         )
-        _wait_for(run_dir / "records.arrow")
         time.sleep(rng.uniform(3.0, 8.0))
         killed_ns = now_ns()
         proc.kill()
@@ -144,23 +128,25 @@ def kill_case(seed: int, tmp: Path) -> dict[str, Any]:
     }
 
 
-def _wait_for(path: Path, timeout: float = 60.0) -> None:
+def _started(run_dir: Path, *args: str, timeout: float = 60.0) -> subprocess.Popen[bytes]:
+    """A run of up to 60 s in its own process, once its records file exists."""
+    proc = subprocess.Popen(
+        harness(*args, "--duration", "60", "-o", str(run_dir)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not (run_dir / "records.arrow").exists():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
+            raise TimeoutError(f"{run_dir} never got its records file")
         time.sleep(0.05)
+    return proc
 
 
 def orphan_case(tmp: Path) -> dict[str, Any]:
     """kill -9 of a run with the embedded simulator: how long its simulator outlives it."""
     run_dir = tmp / "orphan"
-    proc = subprocess.Popen(
-        harness("-c", "8", "-n", "100000", "-o", str(run_dir)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    _wait_for(run_dir / "records.arrow")
+    proc = _started(run_dir, "-c", "8")
     children = psutil.Process(proc.pid).children(recursive=True)
     proc.kill()
     proc.wait()
@@ -227,12 +213,7 @@ def streams_case(streams: int, tmp: Path) -> dict[str, Any]:
 
 def sigterm_case(tmp: Path) -> dict[str, Any]:
     run_dir = tmp / "sigterm"
-    proc = subprocess.Popen(
-        harness("-c", "16", "-n", "100000", "-o", str(run_dir)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    _wait_for(run_dir / "records.arrow")
+    proc = _started(run_dir, "-c", "16")
     time.sleep(3.0)
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(timeout=60)
