@@ -24,7 +24,7 @@ loop at 1–128 or Poisson 1–24/s with a cap), 12 s of sending each. It prints
 the median and worst p95 of each method, over all draws and over those with a counter of
 100 ms or less.
 
-    python benchmarks/attribution_accuracy.py [--quick] [--random N] [--json out.json]
+    python benchmarks/attribution_accuracy.py [--quick] [--random N [--runs DIR]] [--json out.json]
 """
 
 from __future__ import annotations
@@ -126,8 +126,21 @@ def score(
             if name == "window"
             else m["conservation_error"]
         )
+        low = raw.get_column("energy_low_j").to_numpy()[keep]
+        high = raw.get_column("energy_high_j").to_numpy()[keep]
+        inside = (true >= low * (1 - 1e-9)) & (true <= high * (1 + 1e-9))
         rows[name] = {
             "conservation": conservation,
+            # how often the truth falls in the run's uncertainty band, and the band's median half-width
+            "band": {
+                "inside": int(inside.sum()),
+                "queries": int(inside.size),
+                "holds": float(inside.mean()),
+                "holds_long": float(inside[long].mean()) if long.any() else None,
+                "half_width": float(np.median((high - low) / 2 / est)),
+            }
+            if name != "window"
+            else None,
             "long": errors(est[long], true[long]) if long.any() else None,
             "steady": errors(est[steady], true[steady]) if steady.sum() >= 5 else None,
             "all": errors(est, true),
@@ -227,18 +240,28 @@ class Draw:
         )
 
 
-async def run_draw(draw: Draw, tmp: Path) -> dict[str, Any]:
-    run_dir = tmp / f"draw{draw.seed}"
-    result, truth = await measure(draw.engine, draw.options, run_dir)
+async def run_draw(draw: Draw, runs: Path) -> dict[str, Any]:
+    """One draw, scored; a run already in ``runs`` (with its truth) is scored again, not rerun."""
+    run_dir = runs / f"draw{draw.seed}"
+    saved = run_dir / "truth.json"
+    if saved.exists():
+        truth = json.loads(saved.read_text())
+    else:
+        _, truth = await measure(draw.engine, draw.options, run_dir)
+        saved.write_text(json.dumps(truth))
     rows, true, long = score(run_dir, truth, steady_from=draw.steady_from)
+    summary = json.loads((run_dir / "summary.json").read_text())
     return {
         "case": draw.label,
         "counter_ms": draw.engine.counter_period_ms,
         "requests": int(true.size),
         "long_requests": int(long.sum()),
-        "sampler_lateness_p99_ms": result.summary["telemetry"]["sampler"]["lateness_ms"]["p99"],
+        "sampler_lateness_p99_ms": summary["telemetry"]["sampler"]["lateness_ms"]["p99"],
         "methods": rows,
     }
+
+
+DEFAULT = "tokens+baseline"  # the run's own settings: what `ipw-async run` reports
 
 
 def p95(method: dict[str, Any]) -> float:
@@ -261,8 +284,15 @@ def print_aggregate(results: list[dict[str, Any]]) -> None:
             f"{name:<16} {np.median(all_p):>8.1%} {max(all_p):>8.1%} {np.median(fast_p):>14.1%} "
             f"{max(fast_p):>13.1%} {worst_c:>15.1e}"
         )
-    beaten = sum(p95(r["methods"]["tokens+baseline"]) > p95(r["methods"]["equal"]) for r in results)
+    beaten = sum(p95(r["methods"][DEFAULT]) > p95(r["methods"]["equal"]) for r in results)
     print(f"draws where the default rule is worse than equal: {beaten} of {len(results)}")
+    bands = [r["methods"][DEFAULT]["band"] for r in results]
+    inside, queries = sum(b["inside"] for b in bands), sum(b["queries"] for b in bands)
+    print(
+        f"the default rule's band holds the truth for {inside / queries:.1%} of {queries} queries "
+        f"(worst draw {min(b['holds'] for b in bands):.1%}); median half-width "
+        f"{np.median([b['half_width'] for b in bands]):.1%}"
+    )
 
 
 def fmt(err: dict[str, float] | None) -> str:
@@ -278,7 +308,8 @@ def print_case(r: dict[str, Any], tail: str) -> None:
         label = "" if i or len(r["case"]) > 34 else f"{r['case']} ({r['long_requests']}/{r['requests']} long)"
         steady = "—" if m["steady"] is None else f"{m['steady']['p95']:.1%}"
         line = f"{label:<34} {name:<16} {m['conservation']:>9.1e} {fmt(m['long'] or m['all'])}"
-        print(f"{line} {steady:>10}{tail if i == 0 else ''}")
+        band = "" if m.get("band") is None else f" {m['band']['holds']:>6.1%} ±{m['band']['half_width']:.0%}"
+        print(f"{line} {steady:>10}{band:>12}{tail if i == 0 else ''}")
 
 
 def main() -> None:
@@ -293,21 +324,30 @@ def main() -> None:
         help="instead: N draws of physics and workload at random (seeds 0..N-1), each judged alike",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        help="with --random: keep each draw's run directory and truth here, and score those "
+        "already there again instead of rerunning them (attribution is a function of the run)",
+    )
     args = parser.parse_args()
     results = []
     print(
         "per-query relative error vs the simulator's true energy, requests of ≥ 2 s (all requests where none);"
     )
     print(
-        "steady p95: the same without the first wave (sent all at once, it queues for prefill) and the drain"
+        "steady p95: the same without the first wave (sent all at once, it queues for prefill) and the drain;"
     )
+    print("band holds: how often the truth is inside the rule's low/high band, ± its median half-width")
     header = f"{'case':<34} {'method':<16} {'conserv.':>9} {'p50':>7} {'p95':>7} {'max':>7} {'bias':>8}"
-    print(f"{header} {'steady p95':>10}  sampler p99  counter reads timed by")
+    print(f"{header} {'steady p95':>10} {'band holds':>12}  sampler p99  counter reads timed by")
     with tempfile.TemporaryDirectory() as tmp:
         if args.random:
+            runs = args.runs or Path(tmp)
+            runs.mkdir(parents=True, exist_ok=True)
             for seed in range(args.random):
                 draw = Draw.of(seed)
-                r = asyncio.run(run_draw(draw, Path(tmp)))
+                r = asyncio.run(run_draw(draw, runs))
                 results.append(r)
                 print_case(r, tail=f"  {r['sampler_lateness_p99_ms']:.2f} ms")
             print_aggregate(results)

@@ -11,9 +11,20 @@ mean power and the request's provenance says so. Sums are exact: attributed + id
 The meter only knows energy per knot interval (one counter update, ~100 ms), while an engine
 step is ~20 ms and a prefill step draws more than a decode step. So the token rule's share of a
 knot interval is pooled and split by each request's work in the whole knot interval: power
-follows work inside it, instead of being flat in time (the equal rule stays per piece). A prompt's prefill work is placed in the
-engine step that produced its first token: the interval since the previous burst of token
-arrivals (a request queued behind others' prefill did no work while it waited).
+follows work inside it, instead of being flat in time (the equal rule stays per piece). With a
+baseline, the energy above it in the interval's idle parts is pooled too: the counter spreads
+a burst of work over its period, but an idle device draws its baseline.
+
+Work is placed where the engine did it (:mod:`power_model`): engine steps are the bursts of
+token arrivals across all streams; a token is decode work in the step that delivered it, and a
+prompt's computed tokens are prefill work over the steps before its first token that ran longer
+than decoding alone explains (chunked prefill), else in the step of its first token. A request
+queued behind others did no work while it waited.
+
+Each request also gets a band, low to high: the least and most it could have used over the
+work models the meter cannot tell apart (prefill spread or all in its last step, a prompt
+token worth 0.1 to 1.5 output tokens, static power as measured or none), widened by its share
+of the energy that a linear fit of energy to work leaves unexplained in its meter intervals.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from scipy.optimize import nnls
 
 from . import power_model
 from ._clock import NS
@@ -33,6 +45,9 @@ from .telemetry.base import Meter
 from .telemetry.cadence import PROBE_INTERVAL_NS, CounterGrid, last_updates
 
 RULES = ("tokens", "fitted", "equal", "window")
+# the prefill weights a band spans: a prompt token costs from a tenth to 1.5 output tokens on
+# the servers we know (batched prefill is cheaper per token than a decode step)
+BAND_PREFILL_WEIGHTS = (0.1, 1.5)
 
 
 @dataclass(frozen=True)
@@ -60,6 +75,8 @@ class MeterResult:
     window_j: np.ndarray
     provenance: list[str]
     mean_power_w: np.ndarray
+    low_j: np.ndarray  # the band: the least and the most each request could have used
+    high_j: np.ndarray
     totals: dict[str, Any] = field(default_factory=dict)
 
 
@@ -184,22 +201,30 @@ def extend_counter(vc: VirtualCounter, start: float, end: float) -> VirtualCount
 
 @dataclass
 class Segments:
-    """Piecewise-constant weight densities: request index, start, end (ns), weight per ns."""
+    """Piecewise-constant weight densities: request index, start, end (ns), weight per ns;
+    ``prefill`` is the prompt-token density at weight 1, to add at a chosen weight."""
 
     req: np.ndarray
     start: np.ndarray
     end: np.ndarray
     density: np.ndarray
+    prefill: np.ndarray | None = None
+
+    def weighted(self, prefill_weight: float) -> Segments:
+        """The same segments with prompt tokens at ``prefill_weight``."""
+        if self.prefill is None:
+            return self
+        return Segments(self.req, self.start, self.end, self.density + prefill_weight * self.prefill)
 
 
-def _token_segments(requests: pl.DataFrame, prefill_weight: float) -> Segments:
-    """Prefill work (prompt tokens × weight + the first token) over the engine step that ended
-    with the first token, then each chunk's tokens over the gap since the previous chunk."""
-    reqs, starts, ends, weights = [], [], [], []
+def _last_step_segments(requests: pl.DataFrame) -> Segments:
+    """Prefill work (prompt tokens, weighed later, + the first token) all over the engine step
+    that ended with the first token, then each chunk's tokens over the gap since the previous
+    chunk: one of the placements the band spans (the other is :func:`_placed_segments`)."""
+    reqs, starts, ends, weights, prompts = [], [], [], [], []
     steps = step_starts(requests)
     cols = requests.select("sent_ns", "end_ns", "chunk_ns", "chunk_tokens", computed_prompt_tokens())
     for i, (sent, end, chunks, tokens, prompt) in enumerate(cols.iter_rows()):
-        prefill = prefill_weight * float(prompt)
         if chunks:
             # the burst before the one holding the first token ended the previous step
             k = int(np.searchsorted(steps, chunks[0], side="right")) - 2
@@ -209,7 +234,8 @@ def _token_segments(requests: pl.DataFrame, prefill_weight: float) -> Segments:
             reqs.append(i)
             starts.append(sent)
             ends.append(end)
-            weights.append(max(prefill, 1e-9))
+            weights.append(1e-9)  # so a prompt of no computed tokens still marks the request busy
+            prompts.append(float(prompt))
             continue
         # chunks stamped in the same read arrived together: their tokens share one gap
         uniq, inverse = np.unique(np.asarray(chunks, dtype=float), return_inverse=True)
@@ -217,13 +243,43 @@ def _token_segments(requests: pl.DataFrame, prefill_weight: float) -> Segments:
         reqs.extend([i] * uniq.size)
         starts.extend([sent, *uniq[:-1].tolist()])
         ends.extend(uniq.tolist())
-        weights.extend([prefill + tok_u[0], *tok_u[1:].tolist()])
+        weights.extend(tok_u.tolist())
+        prompts.extend([float(prompt), *[0.0] * (uniq.size - 1)])
     s = np.asarray(starts, dtype=float)
     e = np.asarray(ends, dtype=float)
     w = np.asarray(weights, dtype=float)
+    p = np.asarray(prompts, dtype=float)
     dur = e - s
     ok = dur > 0
-    return Segments(np.asarray(reqs, dtype=np.int64)[ok], s[ok], e[ok], w[ok] / dur[ok])
+    return Segments(np.asarray(reqs, dtype=np.int64)[ok], s[ok], e[ok], w[ok] / dur[ok], p[ok] / dur[ok])
+
+
+def _steps(requests: pl.DataFrame) -> power_model.Steps:
+    computed = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
+    return power_model.infer_steps(requests, step_starts(requests), computed)
+
+
+def _step_segments(
+    requests: pl.DataFrame, steps: power_model.Steps, decode: np.ndarray, prefill: np.ndarray, *, rates: bool
+) -> Segments:
+    """One segment per request and inferred step, inside the request's own window (a step may
+    have begun before the request was sent), with the given decode and prefill work per entry,
+    or weights per ns (``rates``)."""
+    sent = requests.get_column("sent_ns").to_numpy().astype(float)[steps.req]
+    until = requests.get_column("end_ns").to_numpy().astype(float)[steps.req]
+    start = np.maximum(steps.start[steps.step], sent)
+    end = np.minimum(steps.end[steps.step], until)
+    ok = (end > start) & ((decode > 0) | (prefill > 0))
+    dur = np.where(ok & ~rates, end - start, 1.0)
+    return Segments(steps.req[ok], start[ok], end[ok], (decode / dur)[ok], (prefill / dur)[ok])
+
+
+def _placed_segments(requests: pl.DataFrame) -> Segments:
+    """The tokens rule's work (a decode token 1, a prompt token weighed later) in the inferred
+    engine steps: a long prompt's prefill over the steps whose extra time held it (chunked
+    prefill under a per-step token budget), not all in the step of its first token."""
+    steps = _steps(requests)
+    return _step_segments(requests, steps, steps.entry_decode, steps.entry_prefill, rates=False)
 
 
 def _fitted_segments(
@@ -231,20 +287,14 @@ def _fitted_segments(
 ) -> tuple[Segments, dict[str, Any], float]:
     """Each request's share of each inferred step's modelled dynamic power; the fit's report
     and the static power to share equally (measured, else fitted)."""
-    computed = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
-    steps = power_model.infer_steps(requests, step_starts(requests), computed)
+    steps = _steps(requests)
     model = power_model.fit(vc.t, np.diff(vc.e), ~vc.imputed, steps, static_w, prefill_weight)
     work = steps.decode + model.prefill_weight * steps.prefill
     entry_work = steps.entry_decode + model.prefill_weight * steps.entry_prefill
     power = model.dynamic_w(work)[steps.step] * _safe_div(entry_work, work[steps.step])
-    # inside the request's own window: a step may have begun before the request was sent
-    sent = requests.get_column("sent_ns").to_numpy().astype(float)[steps.req]
-    until = requests.get_column("end_ns").to_numpy().astype(float)[steps.req]
-    start = np.maximum(steps.start[steps.step], sent)
-    end = np.minimum(steps.end[steps.step], until)
-    ok = (end > start) & (power > 0)
     report = model.as_dict() | {"step_time": steps.duration_fit, "steps": steps.count}
-    return Segments(steps.req[ok], start[ok], end[ok], power[ok]), report, model.static_w
+    segments = _step_segments(requests, steps, power, np.zeros_like(power), rates=True)
+    return segments, report, model.static_w
 
 
 def _equal_segments(sent: np.ndarray, end: np.ndarray) -> Segments:
@@ -282,6 +332,120 @@ def _safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return out
 
 
+class _Timeline:
+    """A meter's energy cut at every knot and at every edge of the given segments: any of those
+    segments, weighted any way, split it in one vectorised pass."""
+
+    def __init__(self, vc: VirtualCounter, active: Segments, segments: list[Segments], n: int) -> None:
+        segments = [active, *segments]
+        edges = [vc.t, *(s.start for s in segments), *(s.end for s in segments)]
+        bounds = np.unique(np.concatenate(edges))
+        self.bounds = bounds[(bounds >= vc.t[0]) & (bounds <= vc.t[-1])]
+        e_at = np.interp(self.bounds, vc.t, vc.e)
+        self.total = float(e_at[-1] - e_at[0])
+        self.d_e = np.diff(e_at)
+        self.dt = np.diff(self.bounds)
+        mid = (self.bounds[:-1] + self.bounds[1:]) / 2
+        self.knot_of = np.clip(np.searchsorted(vc.t, mid) - 1, 0, vc.imputed.size - 1)
+        self.knots = vc.t.size - 1
+        self.imputed = vc.imputed[self.knot_of]
+        self.n = n
+        self.active = active
+        self.d_eq, self.ia_eq, self.ib_eq = _density(self.bounds, active)
+
+    def intervals_spanned(self) -> np.ndarray:
+        """Per request, how many meter intervals its window spans (fractionally)."""
+        knot_len = np.bincount(self.knot_of, weights=self.dt, minlength=self.knots)[self.knot_of]
+        return _share(self.active, self.ia_eq, self.ib_eq, _safe_div(self.dt, knot_len), self.n)
+
+    def unexplained(self, work: Segments, baseline: float | None) -> tuple[np.ndarray, float | None]:
+        """Per piece, its part of the energy that a fit of each meter interval's energy as
+        static × time + a × work leaves unexplained (|residual|), where the interval has work;
+        and the static power (W) the fit found, where no baseline gave it."""
+        d_rule, _, _ = _density(self.bounds, work)
+        work_k = np.bincount(self.knot_of, weights=d_rule * self.dt, minlength=self.knots)
+        dt_k = np.bincount(self.knot_of, weights=self.dt, minlength=self.knots) / NS
+        e_k = np.bincount(self.knot_of, weights=self.d_e, minlength=self.knots)
+        busy = (work_k > 0) & ~np.bincount(self.knot_of, weights=self.imputed, minlength=self.knots).astype(
+            bool
+        )
+        if busy.sum() < 3:
+            return np.zeros_like(self.d_e), None
+        if baseline:
+            target, x = e_k - baseline * dt_k, work_k[:, None]
+        else:
+            target, x = e_k, np.column_stack((dt_k, work_k))
+        coef, _ = nnls(x[busy], target[busy])
+        residual = np.where(busy, np.abs(target - x @ coef), 0.0)
+        return _safe_div(residual, e_k)[self.knot_of] * self.d_e, None if baseline else float(coef[0])
+
+    def split(
+        self, seg_rule: Segments, baseline: float | None, *, pooled: bool, d_e: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """Each request's energy, the part of it imputed, and the idle energy: static
+        (``baseline`` W) equally among the active requests, the rest by ``seg_rule``'s weights,
+        equally where the rule sees no work.
+
+        Pooled (the work rules): a meter interval's dynamic energy is split by each request's
+        work in the whole interval. With a baseline, that includes the energy above it in the
+        interval's idle parts: the counter spreads a burst of work over its whole period, but
+        an idle device draws its baseline (without one, nothing says how much of it was idle).
+        ``d_e`` splits other energy the same way."""
+        d_e = self.d_e if d_e is None else d_e
+        dt = self.dt
+        static = np.minimum(d_e, baseline * dt / NS) if baseline else np.zeros_like(d_e)
+        dynamic = d_e - static
+        seg_eq, d_eq, ia_eq, ib_eq = self.active, self.d_eq, self.ia_eq, self.ib_eq
+        d_rule, ia_r, ib_r = _density(self.bounds, seg_rule)
+        working = d_rule > 0
+        idle_iv = d_eq <= 0
+        moved = np.zeros_like(working)
+        if pooled:
+            work_per_knot = np.bincount(self.knot_of, weights=d_rule * dt, minlength=self.knots)
+            if baseline:
+                moved = idle_iv & (work_per_knot > 0)[self.knot_of]
+            energy_per_knot = np.bincount(
+                self.knot_of, weights=np.where(working | moved, dynamic, 0.0), minlength=self.knots
+            )
+            by_rule = np.where(working, _safe_div(energy_per_knot, work_per_knot)[self.knot_of] * dt, 0.0)
+        else:
+            by_rule = _safe_div(dynamic, d_rule)
+        by_equal = _safe_div(static + np.where(working, 0.0, dynamic), d_eq)
+        energy = _share(seg_rule, ia_r, ib_r, by_rule, self.n) + _share(
+            seg_eq, ia_eq, ib_eq, by_equal, self.n
+        )
+        imputed = _share(seg_rule, ia_r, ib_r, by_rule * self.imputed, self.n) + _share(
+            seg_eq, ia_eq, ib_eq, by_equal * self.imputed, self.n
+        )
+        idle = float(np.sum(d_e[idle_iv]) - np.sum(dynamic[moved]))
+        return energy, imputed, idle
+
+
+def _band(
+    timeline: _Timeline, placements: list[Segments], point: np.ndarray, baseline: float | None, pooled: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The least and most each request could have used.
+
+    Over the work models the meter cannot tell apart (prefill where the inferred steps put it
+    or all in the first token's step, a prompt token worth ``BAND_PREFILL_WEIGHTS`` output
+    tokens, static power as measured, as fitted, or none), widened by each request's share of
+    the energy that work does not explain: per meter interval, what a linear fit of energy to
+    work misses.
+    """
+    unexplained, fitted_static = timeline.unexplained(
+        placements[-1].weighted(BAND_PREFILL_WEIGHTS[0]), baseline
+    )
+    estimates = [point]
+    for segments in placements:
+        for weight in BAND_PREFILL_WEIGHTS:
+            for static in {baseline, fitted_static, None}:
+                estimates.append(timeline.split(segments.weighted(weight), static, pooled=True)[0])
+    spread = timeline.split(placements[-1], baseline, pooled=pooled, d_e=unexplained)[0]
+    # residuals of separate intervals are independent: over k intervals they add up as √k
+    spread = spread / np.sqrt(np.maximum(timeline.intervals_spanned(), 1.0))
+    return np.maximum(np.min(estimates, axis=0) - spread, 0.0), np.max(estimates, axis=0) + spread
+
+
 def request_windows(records: pl.DataFrame) -> pl.DataFrame:
     """The requests that reached the server, with ``end_ns`` (see :func:`records.end_ns`)."""
     return records.with_columns(end_ns().alias("end_ns")).filter(pl.col("sent_ns").is_not_null())
@@ -303,6 +467,8 @@ def attribute_meter(
             nan,
             ["missing"] * n,
             nan,
+            nan,
+            nan,
             {"kind": meter.kind, "missing_reason": "the source produced fewer than two readings"},
         )
     sent = requests.get_column("sent_ns").to_numpy().astype(float)
@@ -314,50 +480,27 @@ def attribute_meter(
     baseline = _baseline_w(vc, meter, config)
     fitted: dict[str, Any] = {}
     seg_eq = _equal_segments(sent, end)
+    seg_last = _last_step_segments(requests)
+    seg_tokens = _placed_segments(requests)
     # the engine's power model describes the accelerator; a host meter is shared by tokens
-    if config.rule == "tokens" or (config.rule == "fitted" and not meter.accelerator):
-        seg_rule = _token_segments(requests, config.prefill_weight)
-    elif config.rule == "fitted" and n:
+    if config.rule == "fitted" and meter.accelerator and n:
         seg_rule, fitted, static_w = _fitted_segments(requests, vc, baseline, config.prefill_weight)
         baseline = static_w
+    elif config.rule in ("tokens", "fitted"):
+        seg_rule = seg_tokens.weighted(config.prefill_weight)
     else:
         seg_rule = seg_eq
-    bounds = np.unique(np.concatenate((vc.t, seg_rule.start, seg_rule.end, seg_eq.start, seg_eq.end)))
-    bounds = bounds[(bounds >= vc.t[0]) & (bounds <= vc.t[-1])]
-    e_at = np.interp(bounds, vc.t, vc.e)
-    d_e = np.diff(e_at)
-    dt = np.diff(bounds)
-    knot_of = np.clip(np.searchsorted(vc.t, (bounds[:-1] + bounds[1:]) / 2) - 1, 0, vc.imputed.size - 1)
-    imputed_iv = vc.imputed[knot_of]
-
-    static = np.minimum(d_e, baseline * dt / NS) if baseline else np.zeros_like(d_e)
-    dynamic = d_e - static
-
-    d_eq, ia_eq, ib_eq = _density(bounds, seg_eq)
-    d_rule, ia_r, ib_r = _density(bounds, seg_rule)
-    # dynamic energy by the rule (token work pooled per knot interval: see the module
-    # docstring); where the rule sees no work but requests are active, equally
-    working = d_rule > 0
-    if config.rule in ("tokens", "fitted"):  # pooled per meter interval (module docstring)
-        knots = vc.t.size - 1
-        work_per_knot = np.bincount(knot_of, weights=d_rule * dt, minlength=knots)
-        energy_per_knot = np.bincount(knot_of, weights=np.where(working, dynamic, 0.0), minlength=knots)
-        by_rule = np.where(working, _safe_div(energy_per_knot, work_per_knot)[knot_of] * dt, 0.0)
-    else:
-        by_rule = _safe_div(dynamic, d_rule)
-    to_equal = static + np.where(working, 0.0, dynamic)
-    by_equal = _safe_div(to_equal, d_eq)
-    energy = _share(seg_rule, ia_r, ib_r, by_rule, n) + _share(seg_eq, ia_eq, ib_eq, by_equal, n)
-    imputed_part = _share(seg_rule, ia_r, ib_r, by_rule * imputed_iv, n) + _share(
-        seg_eq, ia_eq, ib_eq, by_equal * imputed_iv, n
-    )
-    idle = float(np.sum(d_e[d_eq <= 0]))
+    timeline = _Timeline(vc, seg_eq, [seg_rule, seg_last, seg_tokens], n)
+    energy, imputed_part, idle = timeline.split(seg_rule, baseline, pooled=config.rule != "equal")
     window = np.interp(end, vc.t, vc.e) - np.interp(sent, vc.t, vc.e)
     if config.rule == "window":
         energy = window
+        low = high = np.full(n, np.nan)  # the window rule counts overlaps again: no band to give
+    else:
+        low, high = _band(timeline, [seg_last, seg_tokens], energy, baseline, config.rule != "equal")
     provenance = [base_prov if base_prov == "estimated" or imp <= 0 else "imputed" for imp in imputed_part]
     duration = (end - sent) / NS
-    total = float(e_at[-1] - e_at[0])
+    total = timeline.total
     attributed = float(energy.sum())
     return MeterResult(
         meter=meter.channel,
@@ -366,6 +509,8 @@ def attribute_meter(
         window_j=window,
         provenance=provenance,
         mean_power_w=_safe_div(energy, duration),
+        low_j=low,
+        high_j=high,
         totals={
             "kind": meter.kind,
             "provenance": base_prov,
@@ -429,6 +574,8 @@ def attribute(
         columns[f"{r.meter}.provenance"] = r.provenance
         columns[f"{r.meter}.power_w"] = _nullable(r.mean_power_w)
         columns[f"{r.meter}.window_j"] = _nullable(r.window_j)
+        columns[f"{r.meter}.energy_low_j"] = _nullable(r.low_j)
+        columns[f"{r.meter}.energy_high_j"] = _nullable(r.high_j)
         section["meters"][r.meter] = r.totals
     headline = (
         [r for r, m in zip(results, meters, strict=True) if m.accelerator]
@@ -440,6 +587,9 @@ def attribute(
         power = np.sum([r.mean_power_w for r in headline], axis=0)
         prov = [_combine([r.provenance[i] for r in headline]) for i in range(requests.height)]
         columns["energy_j"] = _nullable(energy)
+        # a sum of bands: each meter's extremes together (the widest the headline can be)
+        columns["energy_low_j"] = _nullable(np.sum([r.low_j for r in headline], axis=0))
+        columns["energy_high_j"] = _nullable(np.sum([r.high_j for r in headline], axis=0))
         columns["power_w"] = _nullable(power)
         columns["energy_provenance"] = prov
         section["headline_meters"] = [r.meter for r in headline]

@@ -78,8 +78,9 @@ def infer_steps(requests: pl.DataFrame, bursts: np.ndarray, prefill_tokens: np.n
         return Steps(empty, empty, empty, empty, empty.astype(int), empty.astype(int), empty, empty)
     end = bursts.astype(float)
     gaps = np.diff(end)
-    typical = float(np.median(gaps)) if gaps.size else 0.0
-    start = np.concatenate(([end[0] - typical] if n_steps else [], end[:-1]))
+    # a lone step began when its first request arrived (set below)
+    typical = float(np.median(gaps)) if gaps.size else np.inf
+    start = np.concatenate(([end[0] - typical], end[:-1]))
     sent = requests.get_column("sent_ns").to_numpy().astype(float)
     req_idx, step_idx, dec = [], [], []
     first_step = np.full(requests.height, -1)

@@ -101,9 +101,11 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
             else DASH,
         )
         per_query = energy.get("per_query_j", {})
+        band = (energy.get("band_half_width") or {}).get("p50")
         table.add_row(
             f"J/{'call' if summary.get('tasks') else 'query'} p50 (mean)",
-            f"{_num(per_query.get('p50'), ',.2f')} ({_num(per_query.get('mean'), ',.2f')})",
+            f"{_num(per_query.get('p50'), ',.2f')} ({_num(per_query.get('mean'), ',.2f')})"
+            + ("" if band is None else f", band ±{band:.0%} (median)"),
         )
         table.add_row("J/output token", _num(energy.get("j_per_output_token"), ",.3f"))
         for name, meter in energy.get("meters", {}).items():

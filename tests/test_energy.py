@@ -172,13 +172,35 @@ def test_step_boundaries_are_bursts_of_token_arrivals() -> None:
 def test_prefill_is_charged_to_the_step_that_ended_with_the_first_token() -> None:
     t = np.arange(0, 501, 10, dtype=float)
     tel = telemetry(t, power=np.full(t.size, 100.0))
-    # B is sent with A but queues behind it: its first token comes at 300 ms, in A's 21st step
-    recs = records([(0, 100, 31), (0, 300, 11)], prompt_tokens=40)
+    # B is sent with A but queues behind it: its first token comes at 300 ms, in A's 30th step;
+    # every step takes 10 ms, so none had room for B's prompt before then
+    recs = records([(0, 10, 40), (0, 300, 11)], prompt_tokens=40)
     out, _ = attribute(tel, [POWER], recs, AttributionConfig(prefill_weight=0.25))
     b = out.get_column("energy_j")[1]
-    # nothing of A's work before 290 ms; in the 290–300 ms step B's prefill (10) + first token
-    # against A's one token; then one token each per step; and the last millisecond equally
-    assert b == pytest.approx(100 * (0.010 * 11 / 12 + 0.100 / 2 + 0.001 / 2), rel=1e-9)
+    # nothing of A's work before 290 ms; in the 290–300 ms step B's prefill (10; its first
+    # token comes with it) against A's one token; then one token each per step; and the last
+    # millisecond equally
+    assert b == pytest.approx(100 * (0.010 * 10 / 11 + 0.100 / 2 + 0.001 / 2), rel=1e-9)
+
+
+def test_a_long_prompt_is_prefilled_over_the_steps_that_ran_long() -> None:
+    # A decodes in 10 ms steps but for two that took 30 ms: B, sent at 35 ms, prefilled its
+    # 400-token prompt in them (a 200-token step budget) before its first token at 100 ms
+    t = np.arange(0, 301, 5, dtype=float)
+    tel = telemetry(t, power=np.full(t.size, 100.0))
+    a_chunks = [10, 20, 30, 40, 70, 100, 110, 120, 130, 140]
+    recs = records([(0, 10, 10), (35, 100, 5)], prompt_tokens=400).with_columns(
+        pl.Series("chunk_ns", [[c * MS for c in a_chunks], [c * MS for c in range(100, 141, 10)]]),
+        pl.lit(140 * MS).alias("last_token_ns"),
+        pl.lit(141 * MS).alias("closed_ns"),
+    )
+    out, _ = attribute(tel, [POWER], recs, AttributionConfig(prefill_weight=0.25))
+    b = out.get_column("energy_j")[1]
+    # each long step (3 J): B's 200 prompt tokens (50 units) against A's one token; then a
+    # token each per 10 ms step (1 J); the last millisecond equally
+    assert b == pytest.approx(2 * 3.0 * 50 / 51 + 4 * 0.5 + 0.05, rel=1e-6)
+    # all of it in the step of the first token is the band's other end
+    assert out.get_column("energy_low_j")[1] <= 3.0 * 101 / 102 + 4 * 0.5 + 0.05 + 1e-9
 
 
 def test_within_one_meter_interval_energy_follows_work_not_time() -> None:
@@ -187,9 +209,10 @@ def test_within_one_meter_interval_energy_follows_work_not_time() -> None:
     recs = records([(100, 110, 10), (140, 160, 5)], prompt_tokens=36)
     out, section = attribute(tel, [POWER], recs, AttributionConfig(prefill_weight=0.25))
     a, b = out.get_column("energy_j").to_list()
-    # 100–200 ms (30 J) by work: A 9 prefill units + 10 tokens, B 9 + 5; then 200–201 ms equally
-    assert a == pytest.approx(30 * 19 / 33 + 0.15, rel=1e-9)
-    assert b == pytest.approx(30 * 14 / 33 + 0.15, rel=1e-9)
+    # 100–200 ms (30 J) by work: A 9 prefill units (its first token comes with them) + 9
+    # tokens, B 9 + 4; then 200–201 ms equally
+    assert a == pytest.approx(30 * 18 / 31 + 0.15, rel=1e-9)
+    assert b == pytest.approx(30 * 13 / 31 + 0.15, rel=1e-9)
     assert section["meters"]["dev"]["idle_j"] == pytest.approx(2.7, rel=1e-9)
 
 
@@ -200,8 +223,41 @@ def test_prompt_tokens_from_the_servers_prefix_cache_cost_no_prefill() -> None:
     recs = recs.with_columns(pl.Series("cached_prompt_tokens", [None, 32], dtype=pl.Int64))
     out, _ = attribute(tel, [POWER], recs, AttributionConfig(prefill_weight=0.25))
     a, b = out.get_column("energy_j").to_list()
-    assert a == pytest.approx(30 * 19 / 25 + 0.15, rel=1e-9)
-    assert b == pytest.approx(30 * 6 / 25 + 0.15, rel=1e-9)
+    assert a == pytest.approx(30 * 18 / 23 + 0.15, rel=1e-9)
+    assert b == pytest.approx(30 * 5 / 23 + 0.15, rel=1e-9)
+
+
+def test_a_counter_period_of_mostly_idle_goes_to_the_work_in_it_above_the_baseline() -> None:
+    # a counter read every 1 ms that updates every 100 ms (the update times, to the midpoint
+    # of a read: 99.5 and 199.5 ms): 20 J in the first period, which holds an 11 ms request,
+    # then 10 J, the 100 W baseline alone
+    t = np.arange(0.0, 201.0)
+    tel = telemetry(t, energy=np.select([t < 100, t < 200], [0.0, 20.0], 30.0))
+    recs = records([(40, 50, 1)])
+    out, section = attribute(tel, [COUNTER], recs, AttributionConfig(baseline_w=100.0))
+    e = out.get_column("energy_j")[0]
+    # the counter spread its energy over the period, but only the baseline was idle: the
+    # request gets its static share (11 ms × 100 W) and all the energy above the baseline
+    assert e == pytest.approx(1.1 + (20.0 - 100 * 0.0995), rel=1e-9)
+    assert section["meters"]["dev"]["idle_j"] == pytest.approx(30.0 - e, rel=1e-9)
+    # without a baseline nothing tells idle from work: the request keeps its own time's share
+    out, _ = attribute(tel, [COUNTER], recs, AttributionConfig())
+    assert out.get_column("energy_j")[0] == pytest.approx(20.0 * 11 / 99.5, rel=1e-9)
+
+
+def test_the_band_widens_where_work_does_not_explain_the_meter() -> None:
+    rng = np.random.default_rng(3)
+    t = np.arange(0, 3001, 100, dtype=float)
+    recs = records([(s, s + 20, 40) for s in range(0, 2600, 130)], prompt_tokens=50)
+    steady = np.concatenate(([0.0], np.cumsum(np.full(t.size - 1, 20.0))))
+    noisy = np.concatenate(([0.0], np.cumsum(rng.uniform(5.0, 35.0, t.size - 1))))
+    widths = []
+    for energy in (steady, noisy):
+        out, _ = attribute(telemetry(t, energy=energy), [COUNTER], recs, AttributionConfig())
+        e, lo, hi = (out.get_column(c).to_numpy() for c in ("energy_j", "energy_low_j", "energy_high_j"))
+        assert (lo <= e).all() and (e <= hi).all() and (hi > lo).all()
+        widths.append(float(np.median((hi - lo) / e)))
+    assert widths[1] > 2 * widths[0]
 
 
 schedules = st.lists(
@@ -231,7 +287,13 @@ def test_energy_is_conserved_over_random_schedules(
     m = section["meters"]["dev"]
     attributed = float(np.nansum(out.get_column("dev.energy_j").to_numpy()))
     assert attributed + m["idle_j"] == pytest.approx(m["total_j"], rel=1e-9, abs=1e-9)
-    assert (out.get_column("dev.energy_j").to_numpy() >= -1e-9).all()
+    energy = out.get_column("dev.energy_j").to_numpy()
+    assert (energy >= -1e-9).all()
+    # the band is never inverted and always holds the point estimate
+    low = out.get_column("dev.energy_low_j").to_numpy()
+    high = out.get_column("dev.energy_high_j").to_numpy()
+    assert (low >= 0).all()
+    assert (low <= energy + 1e-9).all() and (energy <= high + 1e-9).all()
 
 
 async def test_simulated_run_adds_up_and_tracks_the_truth(tmp_path: Path) -> None:

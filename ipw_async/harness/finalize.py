@@ -206,7 +206,10 @@ def _per_query_energy(records: pl.DataFrame) -> dict[str, Any]:
     ok = records.filter(~pl.col("warmup") & (pl.col("status") == "ok"))
     energy = ok.get_column("energy_j").drop_nulls()
     tokens = ok.filter(pl.col("energy_j").is_not_null()).get_column("output_tokens").drop_nulls().sum()
+    band = ok.select((pl.col("energy_high_j") - pl.col("energy_low_j")) / 2 / pl.col("energy_j"))
     return {
         "per_query_j": distribution(energy.to_numpy()),
         "j_per_output_token": float(energy.sum()) / tokens if tokens else None,
+        # half the low–high band over the estimate: what the telemetry could not resolve
+        "band_half_width": distribution(band.to_series().to_numpy()),
     }
