@@ -126,6 +126,16 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
             if m.get("counter_timing")
         ]
         table.add_row("telemetry", "; ".join([f"sampler p99 {late:.1f} ms late", *timing]))
+    agents: dict[str, dict[str, Any]] = {}
+    for clock in (summary.get("telemetry", {}).get("clocks") or {}).values():
+        agents.setdefault(clock.get("agent", "?"), clock)  # one clock per agent, whatever its sources
+    for agent, clock in agents.items():
+        if clock.get("offset_ms") is not None:
+            table.add_row(
+                f"clock of {agent}",
+                f"{clock['offset_ms']:+,.3f} ms from ours ± {clock['uncertainty_ms']:.3f} ms "
+                f"({clock['pings']:,} round trips)",
+            )
     if run_dir:
         table.add_row("run directory", run_dir)
     return table

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from . import analysis, run
+from . import agent, analysis, run
 from ._common import Debug, err
 
 app = typer.Typer(
@@ -29,6 +29,7 @@ def _main(
 
 run.register(app)
 analysis.register(app)
+agent.register(app)
 
 
 def main() -> None:

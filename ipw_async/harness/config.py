@@ -202,6 +202,25 @@ class RunConfig:
     telemetry: str = field(
         default="auto", metadata=option("auto, none, or a list from nvml,rapl,psutil,cpu-model,sim.")
     )
+    telemetry_url: list[str] = field(
+        default_factory=list,
+        metadata=option(
+            "An `ipw-async agent` on the GPU server's machine, e.g. http://gpu-host:9180; repeatable. "
+            "Its GPUs become the run's energy meters, its clock aligned to this one's.",
+            cli_type=list[str] | None,
+            parse=lambda urls: list(urls or []),
+        ),
+    )
+    prometheus_url: list[str] = field(
+        default_factory=list,
+        metadata=option(
+            "A Prometheus endpoint to scrape as telemetry; repeatable: DCGM exporter "
+            "(http://gpu-host:9400/metrics: per-GPU energy and power) or the server's own /metrics "
+            "(vLLM, llama.cpp, SGLang: running and waiting requests, tokens).",
+            cli_type=list[str] | None,
+            parse=lambda urls: list(urls or []),
+        ),
+    )
     gpus: list[str] | None = field(
         default=None,
         metadata=option(

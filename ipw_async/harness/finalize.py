@@ -192,6 +192,7 @@ def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) 
             "skipped": manifest.skipped,
             "sampler": end.get("sampler"),
             "counter_events": manifest.counter_events,
+            "clocks": manifest.clocks,
         },
         "harness": end.get("harness"),
         "config": manifest.config,

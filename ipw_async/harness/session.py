@@ -299,6 +299,7 @@ class _Session:
                 finally:
                     task_log.close()
                 manifest.meters, manifest.counter_events = sampler.meters, sampler.counter_events()
+                manifest.clocks = sampler.clocks()
                 manifest.dispatched = executor.dispatched
                 self.abort_reason = executor.abort_reason
                 manifest.end = self._end(sampler)
@@ -388,19 +389,31 @@ class _Session:
         try:
             telemetry = await anyio.to_thread.run_sync(
                 lambda: open_sources(
-                    config.telemetry, sim_root_url=_sim_root(config, sim, base_url), gpus=config.gpus
+                    config.telemetry,
+                    sim_root_url=_sim_root(config, sim, base_url),
+                    gpus=config.gpus,
+                    agents=config.telemetry_url,
+                    scrapes=config.prometheus_url,
                 )
             )
         except ValueError as exc:
             raise RunError(str(exc)) from None
+        asked = [*config.telemetry_url, *config.prometheus_url]
+        missing = [telemetry.skipped[url] for url in asked if url in telemetry.skipped]
+        if missing:  # asked for the server's own meters: a run without them would measure nothing
+            telemetry.close()
+            raise RunError(missing[0])
         if sim is not None:
             self._note("SIMULATED run: built-in simulator server and simulated device (no real GPU measured)")
         for s in telemetry.opened:
             self._note(f"telemetry {s.source.name}: {s.info.description or ', '.join(s.info.columns)}")
         for name, reason in telemetry.skipped.items():
             self._note(f"telemetry {name} skipped: {reason}")
-        if sim is None and telemetry.opened and not _is_local(base_url):
-            self._note(f"telemetry measures this machine; the server at {base_url} may be elsewhere")
+        if sim is None and telemetry.opened and not asked and not _is_local(base_url):
+            self._note(
+                f"telemetry measures this machine; the server at {base_url} may be elsewhere "
+                "(run `ipw-async agent` there and give --telemetry-url)"
+            )
         return telemetry
 
     def _client_config(self, base_url: str) -> ClientConfig:
@@ -528,6 +541,7 @@ async def _flush_every(
             or dispatched != manifest.dispatched
         ):
             manifest.meters, manifest.counter_events, manifest.dispatched = meters, events, dispatched
+            manifest.clocks = sampler.clocks()
             # built on the loop, written off it: twice a second, the loop should not wait on disk
             with _refused(executor, run_dir / files.RUN):
                 await anyio.to_thread.run_sync(files.write_json, run_dir / files.RUN, manifest.as_dict())

@@ -226,6 +226,7 @@ class Engine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.steps = 0
+        self.generated_tokens = 0  # every token streamed, for the /metrics counter
         self.cache = PrefixCache() if config.prefix_cache else None
 
     def start(self) -> None:
@@ -321,6 +322,7 @@ class Engine:
                     continue
                 r.out.put_nowait(r.tokens[r.emitted])
                 r.emitted += 1
+                self.generated_tokens += 1
                 if r.emitted >= len(r.tokens):
                     r.out.put_nowait(None)
                     self.running.remove(r)

@@ -6,21 +6,17 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
-import subprocess
 import sys
-import threading
 import time
-from types import TracebackType
+from typing import Self
 
 import httpx
 
+from .._child import ChildError, ChildServer
 from .engine import EngineConfig
 from .server import READY_PREFIX, Faults, SimConfig
 
-
-class SimulatorError(Exception):
-    pass
+SimulatorError = ChildError  # the simulator did not start, or not healthy
 
 
 def config_to_json(config: SimConfig) -> str:
@@ -36,26 +32,25 @@ def config_from_json(text: str) -> SimConfig:
     )
 
 
-class SimulatorProcess:
-    """``with SimulatorProcess(config) as sim: sim.base_url`` — a live simulator, cleaned up on exit."""
+class SimulatorProcess(ChildServer):
+    """``with SimulatorProcess(config) as sim: sim.base_url`` — a live simulator, cleaned up on exit.
+
+    If the harness dies without stopping it (kill -9), the simulator sees its parent gone and exits.
+    """
+
+    what = "the simulator"
+    ready_prefix = READY_PREFIX
 
     def __init__(self, config: SimConfig | None = None, host: str = "127.0.0.1", start_timeout: float = 30.0):
+        super().__init__(host, start_timeout)
         self.config = config or SimConfig()
-        self.host = host
-        self.start_timeout = start_timeout
-        self.port: int | None = None
-        self._proc: subprocess.Popen[str] | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
-    @property
-    def root_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> SimulatorProcess:
-        cmd = [
+    def command(self) -> list[str]:
+        return [
             sys.executable,
             "-m",
             "ipw_async.sim",
@@ -66,37 +61,11 @@ class SimulatorProcess:
             "--parent-pid",
             str(os.getpid()),
         ]
-        # Own process group: a Ctrl-C in the terminal reaches the harness, which then stops
-        # the simulator itself, in order, after the last record is written. If the harness dies
-        # without stopping it (kill -9), the simulator sees its parent gone and exits.
-        self._proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        line = self._read_ready_line()
-        parts = line.split()
-        self.port = int(parts[2])
-        # Drain stderr so a chatty simulator can never block on a full pipe.
-        threading.Thread(target=self._proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
+
+    def start(self) -> Self:
+        super().start()
         self._wait_healthy()
         return self
-
-    def _read_ready_line(self) -> str:
-        assert self._proc is not None and self._proc.stdout is not None
-        result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(self._proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-        reader.start()
-        reader.join(self.start_timeout)
-        if not result or not result[0].startswith(READY_PREFIX):
-            self.stop()
-            err = self._proc.stderr.read() if self._proc.stderr else ""  # type: ignore[union-attr]
-            last = err.strip().splitlines()[-1] if err.strip() else "no output"
-            raise SimulatorError(f"the simulator did not start: {last}")
-        return result[0]
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -109,26 +78,3 @@ class SimulatorProcess:
         raise SimulatorError(
             f"the simulator at {self.root_url} did not become healthy in {self.start_timeout:.0f} s"
         )
-
-    def stop(self) -> None:
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
-
-    def __enter__(self) -> SimulatorProcess:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

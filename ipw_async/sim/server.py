@@ -286,6 +286,7 @@ class SimServer:
                 web.get("/sim/device", self.device),
                 web.get("/sim/truth", self.truth),
                 web.get("/sim/stats", self.fault_stats),
+                web.get("/metrics", self.metrics),
             ]
         )
         self.app.on_startup.append(self._start)
@@ -310,6 +311,34 @@ class SimServer:
 
     async def device(self, _: web.Request) -> web.Response:
         return web.json_response(self.engine.device.readout())
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        """Prometheus text, as a GPU host shows it: the device as DCGM exporter's fields, the
+        engine as vLLM's gauges and counters."""
+        device = self.engine.device.readout()
+        engine = self.engine
+        lines = []
+        gpu = 'gpu="0",UUID="SIM-0",modelName="SIMULATED"'
+        if device["energy_mj"] is not None:
+            lines += [
+                "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter",
+                f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{gpu}}} {device['energy_mj']}",
+            ]
+        if device["power_w"] is not None:
+            lines += [
+                "# TYPE DCGM_FI_DEV_POWER_USAGE gauge",
+                f"DCGM_FI_DEV_POWER_USAGE{{{gpu}}} {device['power_w']}",
+            ]
+        model = f'model_name="{self.config.model}"'
+        lines += [
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{{{model}}} {len(engine.running)}",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{{{model}}} {len(engine.waiting)}",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{{{model}}} {engine.generated_tokens}",
+        ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def truth(self, _: web.Request) -> web.Response:
         return web.json_response(self.engine.truth())

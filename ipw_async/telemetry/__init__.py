@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .base import Meter, Quantity, Reading, SourceInfo, SourceUnavailable, TelemetrySource
+from .prometheus import PrometheusSource
+from .remote import Agent
 from .sampler import OpenSource, Sampler, TelemetryLog
 from .sim import SimDeviceSource
 from .sources import available_source_names, make_source
@@ -21,12 +23,15 @@ class TelemetrySetup:
             s.source.close()
 
 
-def _names(spec: str, simulated: bool) -> list[str]:
+def _names(spec: str, simulated: bool, remote: bool) -> list[str]:
     if spec == "none":
         return []
     if spec == "auto":
         # The simulated device stands in for the GPU; a real GPU beside it would measure
-        # something other than the simulated server.
+        # something other than the simulated server; so would this machine's GPUs when the
+        # server's are read through an agent or its exporter.
+        if remote:
+            return ["rapl", "psutil"]
         return ["sim", "rapl", "psutil"] if simulated else ["nvml", "rapl", "psutil"]
     names = [n.strip() for n in spec.split(",") if n.strip()]
     valid = {*available_source_names(), "sim"}
@@ -40,12 +45,33 @@ def _names(spec: str, simulated: bool) -> list[str]:
 
 
 def open_sources(
-    spec: str, *, sim_root_url: str | None = None, gpus: Sequence[str] | None = None
+    spec: str,
+    *,
+    sim_root_url: str | None = None,
+    gpus: Sequence[str] | None = None,
+    agents: Sequence[str] = (),
+    scrapes: Sequence[str] = (),
 ) -> TelemetrySetup:
-    """Open what ``spec`` names (``auto``, ``none`` or a comma list); unavailable ones are skipped
-    with their reason. With ``auto``, a CPU power estimate stands in when RAPL is unavailable."""
+    """Open what ``spec`` names (``auto``, ``none`` or a comma list), every source of each agent
+    in ``agents`` and each Prometheus endpoint in ``scrapes`` (URLs); unavailable ones are
+    skipped with their reason (by URL). With ``auto``, a CPU power estimate stands in when
+    RAPL is unavailable, and this machine's GPUs are left out where the URLs gave GPUs."""
     setup = TelemetrySetup()
-    names = _names(spec, sim_root_url is not None)
+    for url in agents:
+        try:
+            remote: list[TelemetrySource] = list(Agent(url).sources())
+        except SourceUnavailable as exc:
+            setup.skipped[url] = str(exc)
+            continue
+        setup.opened += [OpenSource(r, r.open()) for r in remote]
+    for url in scrapes:
+        try:
+            scrape = PrometheusSource(url)
+            setup.opened.append(OpenSource(scrape, scrape.open()))
+        except SourceUnavailable as exc:
+            setup.skipped[url] = str(exc)
+    remote_gpus = any(m.accelerator for s in setup.opened for m in s.info.meters)
+    names = _names(spec, sim_root_url is not None, remote_gpus)
     for name in names:
         if name == "sim":
             if sim_root_url is None:

@@ -116,6 +116,10 @@ class TelemetrySource(abc.ABC):
         """Resets and wraps each energy counter has shown so far, by channel."""
         return {}
 
+    def clock(self) -> dict[str, Any] | None:
+        """How its stamps were put on this machine's clock, where they come from another."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - most sources hold nothing to release
         pass
 

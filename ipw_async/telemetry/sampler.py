@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -176,6 +177,10 @@ class Sampler:
         return {
             ch: ev for s in self._sources for ch, ev in s.source.counter_events().items() if any(ev.values())
         }
+
+    def clocks(self) -> dict[str, dict[str, Any]]:
+        """Per source on another machine's clock, how its stamps were aligned to this one's."""
+        return {s.source.name: c for s in self._sources if (c := s.source.clock()) is not None}
 
     def _read_all(self) -> list[tuple[Reading, int, int]]:
         return [timed_read(s.source.read) for s in self._sources]

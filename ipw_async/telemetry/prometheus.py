@@ -1,0 +1,139 @@
+"""What GPU hosts already export, scraped as telemetry: DCGM exporter and the server's /metrics.
+
+DCGM exporter's total-energy field (mJ) becomes a counter meter per GPU, like NVML's, and its
+power field the power column. An inference server's own gauges and counters (vLLM's, llama.cpp's,
+SGLang's: requests running and waiting, tokens, cache use) go into the telemetry log beside
+them. A scrape carries no time of its own, so a reading is timed to the middle of the scrape
+(the sampler's rule), and a counter the exporter refreshes slowly is re-timed by its learned
+update grid, as any counter.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+from collections import defaultdict
+from urllib.parse import urlsplit
+
+from .base import CountedSource, CounterTracker, Meter, Quantity, Reading, SourceInfo, SourceUnavailable
+
+# DCGM exporter fields, per GPU: (quantity, scale to our unit)
+DCGM_FIELDS = {
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": (Quantity.ENERGY_J, 1e-3),  # mJ since the driver loaded
+    "DCGM_FI_DEV_POWER_USAGE": (Quantity.POWER_W, 1.0),
+    "DCGM_FI_DEV_GPU_UTIL": (Quantity.UTIL_PCT, 1.0),
+    "DCGM_FI_DEV_FB_USED": (Quantity.MEM_USED_MB, 1.0),
+    "DCGM_FI_DEV_GPU_TEMP": (Quantity.TEMP_C, 1.0),
+}
+SERVER_PREFIXES = ("vllm:", "llamacpp:", "sglang:")
+HISTOGRAM_PARTS = ("_bucket", "_sum", "_count", "_created")
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """The samples of a Prometheus text exposition: (name, labels, value)."""
+    samples = []
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:  # comments, blank lines
+            continue
+        name, labels, value = match.groups()
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        samples.append((name, dict(_LABEL.findall(labels or "")), number))
+    return samples
+
+
+class PrometheusSource(CountedSource):
+    """One scrape endpoint, e.g. DCGM exporter's ``http://gpu-host:9400/metrics``."""
+
+    def __init__(self, url: str, timeout: float = 2.0) -> None:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme != "http" or not parts.hostname:
+            raise SourceUnavailable(
+                f"{url!r} is not a metrics URL; give one like http://gpu-host:9400/metrics"
+            )
+        self.url = f"http://{parts.netloc}{parts.path or '/metrics'}"
+        self.label = parts.netloc
+        self.name = f"prometheus@{parts.netloc}"
+        self._host, self._port, self._path = parts.hostname, parts.port or 80, parts.path or "/metrics"
+        self._timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+        self._columns: list[str] = []
+        self.counters: dict[str, CounterTracker] = {}
+
+    def _scrape(self) -> str:
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        try:
+            self._conn.request("GET", self._path)
+            response = self._conn.getresponse()
+            body = response.read().decode("utf-8", "replace")
+            if response.status != 200:
+                raise http.client.HTTPException(f"HTTP {response.status}")
+            return body
+        except (OSError, http.client.HTTPException):
+            self._conn.close()
+            self._conn = None
+            raise
+
+    def _values(self, text: str) -> dict[str, float]:
+        values: dict[str, float] = defaultdict(float)
+        for name, labels, value in parse(text):
+            if name in DCGM_FIELDS:
+                quantity, scale = DCGM_FIELDS[name]
+                gpu = f"gpu{labels.get('gpu', labels.get('UUID', '0'))}@{self.label}"
+                values[f"{gpu}.{quantity}"] = value * scale
+            elif name.startswith(SERVER_PREFIXES) and not name.endswith(HISTOGRAM_PARTS):
+                # summed over label sets (one per model, usually just one)
+                values[f"server@{self.label}.{name.replace(':', '_')}"] += value
+        return values
+
+    def open(self) -> SourceInfo:
+        try:
+            values = self._values(self._scrape())
+        except (OSError, http.client.HTTPException) as exc:
+            raise SourceUnavailable(f"cannot scrape {self.url} ({exc})") from None
+        if not values:
+            raise SourceUnavailable(
+                f"{self.url} shows no metric ipw-async reads (DCGM exporter's GPU fields, or a vLLM, "
+                "llama.cpp or SGLang server's)"
+            )
+        self._columns = sorted(values)
+        meters = []
+        for column in self._columns:
+            channel, quantity = column.rsplit(".", 1)
+            if quantity == Quantity.ENERGY_J:
+                self.counters[channel] = CounterTracker()
+                meters.append(Meter(channel, "counter", accelerator=True))
+        powered = {m.channel for m in meters}
+        for column in self._columns:
+            channel, quantity = column.rsplit(".", 1)
+            if quantity == Quantity.POWER_W and channel not in powered:
+                meters.append(Meter(channel, "power", accelerator=True))
+        gpus = sum(1 for c in self._columns if c.startswith("gpu") and c.endswith(f".{Quantity.POWER_W}"))
+        server = sum(1 for c in self._columns if c.startswith("server@"))
+        return SourceInfo(
+            columns=self._columns,
+            meters=meters,
+            description=f"Prometheus {self.url}: {gpus} GPU(s) (DCGM), {server} server metric(s)",
+        )
+
+    def read(self) -> Reading:
+        try:
+            values = self._values(self._scrape())
+        except (OSError, http.client.HTTPException):
+            return Reading(dict.fromkeys(self._columns))
+        for channel, tracker in self.counters.items():
+            column = f"{channel}.{Quantity.ENERGY_J}"
+            if column in values:
+                values[column] = tracker.update(values[column])
+        return Reading({c: values.get(c) for c in self._columns})
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()

@@ -1,0 +1,183 @@
+"""Sources on another machine, read through its ``ipw-async agent``, on this machine's clock.
+
+The agent stamps each read on its own monotonic clock. Its offset from ours is estimated from
+round trips to its ``/clock``: a stamp taken during a round trip lies within half the round
+trip of the midpoint, so the sample with the shortest round trip bounds the offset best
+(the midpoint method, best of many). Pings go with every regular read, so the estimate
+follows the clocks' drift; every reading is put on our clock with the estimate of its time.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from .._clock import NS, now_ns
+from .base import Meter, Reading, SourceInfo, SourceUnavailable, TelemetrySource
+
+OPEN_PINGS = 32  # round trips before the first reading: the first estimate is already tight
+RECENT_PINGS = 64  # the best of the latest so many (minutes at 50 ms): drift stays small within
+
+
+@dataclass(frozen=True)
+class Ping:
+    local_ns: int  # our clock at the round trip's midpoint
+    offset_ns: int  # remote − local at that instant, by the midpoint
+    rtt_ns: int
+
+
+class ClockSync:
+    """The offset of a remote monotonic clock from ours (``remote = local + offset``)."""
+
+    def __init__(self) -> None:
+        self.pings: list[Ping] = []
+        self._recent: deque[Ping] = deque(maxlen=RECENT_PINGS)
+        self._lock = threading.Lock()
+
+    def add(self, sent_ns: int, remote_ns: int, received_ns: int) -> None:
+        mid = (sent_ns + received_ns) // 2
+        ping = Ping(mid, remote_ns - mid, received_ns - sent_ns)
+        with self._lock:
+            self.pings.append(ping)
+            self._recent.append(ping)
+
+    def best(self) -> Ping:
+        """The recent round trip that bounds the offset best: the shortest."""
+        with self._lock:
+            if not self._recent:
+                raise RuntimeError("no round trip to the agent yet")
+            return min(self._recent, key=lambda p: p.rtt_ns)
+
+    def to_local(self, remote_ns: int) -> int:
+        return remote_ns - self.best().offset_ns
+
+    def report(self) -> dict[str, Any]:
+        """What ``summary.json`` says of the alignment: the offset, its bound and the drift."""
+        with self._lock:
+            pings = list(self.pings)
+        if not pings:
+            return {"pings": 0}
+        best = min(pings, key=lambda p: p.rtt_ns)
+        rtt = np.array([p.rtt_ns for p in pings], dtype=float)
+        out: dict[str, Any] = {
+            "pings": len(pings),
+            "offset_ms": best.offset_ns / 1e6,
+            # the true offset lies within half the best round trip of its midpoint estimate
+            "uncertainty_ms": best.rtt_ns / 2e6,
+            "rtt_ms": {"min": float(rtt.min()) / 1e6, "p50": float(np.median(rtt)) / 1e6},
+            "method": "midpoint of the shortest round trip to the agent's /clock",
+        }
+        thirds = len(pings) // 3
+        if thirds >= 8:
+            early = min(pings[:thirds], key=lambda p: p.rtt_ns)
+            late = min(pings[-thirds:], key=lambda p: p.rtt_ns)
+            span = late.local_ns - early.local_ns
+            if span > NS:
+                out["drift_ppm"] = (late.offset_ns - early.offset_ns) / span * 1e6
+        return out
+
+
+class Agent:
+    """One agent over kept-alive HTTP connections: its sources, its clock."""
+
+    def __init__(self, url: str, timeout: float = 2.0) -> None:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme != "http" or not parts.hostname:
+            raise SourceUnavailable(f"{url!r} is not an agent URL; give one like http://gpu-host:9100")
+        self.url = f"http://{parts.netloc}"
+        self.label = parts.netloc  # names its channels: gpu0@gpu-host:9100
+        self._host, self._port, self._timeout = parts.hostname, parts.port or 80, timeout
+        self.clock = ClockSync()
+        self._local = threading.local()  # a connection per thread: the sampler's, the final read's
+
+    def get(self, path: str) -> Any:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = http.client.HTTPConnection(
+                self._host, self._port, timeout=self._timeout
+            )
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            body = response.read()
+            if response.status != 200:
+                raise http.client.HTTPException(f"HTTP {response.status}: {body[:200]!r}")
+            return json.loads(body)
+        except (OSError, http.client.HTTPException, ValueError):
+            conn.close()
+            self._local.conn = None
+            raise
+
+    def ping(self) -> None:
+        sent = now_ns()
+        remote = int(self.get("/clock")["t_ns"])
+        self.clock.add(sent, remote, now_ns())
+
+    def sources(self) -> list[RemoteSource]:
+        """Every source the agent opened, each ready to read; the clock measured first."""
+        try:
+            info = self.get("/info")
+            for _ in range(OPEN_PINGS):
+                self.ping()
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise SourceUnavailable(
+                f"no ipw-async agent answers at {self.url} ({exc}); start one there with `ipw-async agent`"
+            ) from None
+        return [RemoteSource(self, s) for s in info["sources"]]
+
+
+class RemoteSource(TelemetrySource):
+    """One source of an agent, its channels named ``<channel>@<agent>``."""
+
+    def __init__(self, agent: Agent, info: dict[str, Any]) -> None:
+        self.agent = agent
+        self.remote_name = info["name"]
+        self.name = f"{info['name']}@{agent.label}"
+        self._info = info
+        self._events: dict[str, dict[str, int]] = {}
+
+    def _local(self, column: str) -> str:
+        channel, quantity = column.rsplit(".", 1)
+        return f"{channel}@{self.agent.label}.{quantity}"
+
+    def open(self) -> SourceInfo:
+        label = self.agent.label
+        return SourceInfo(
+            columns=[self._local(c) for c in self._info["columns"]],
+            meters=[
+                Meter(f"{m['channel']}@{label}", m["kind"], m["accelerator"], m["power_quantity"])
+                for m in self._info["meters"]
+            ],
+            description=f"{self._info['description']} (remote, agent {self.agent.url})",
+        )
+
+    def _read(self, counters: bool) -> Reading:
+        columns = [self._local(c) for c in self._info["columns"]]
+        try:
+            if not counters:
+                self.agent.ping()
+            raw = self.agent.get(f"/read?source={self.remote_name}&counters={int(counters)}")
+        except (OSError, http.client.HTTPException, ValueError):
+            return Reading(dict.fromkeys(columns))
+        self._events = {f"{ch}@{self.agent.label}": ev for ch, ev in raw.get("counter_events", {}).items()}
+        values = {self._local(c): v for c, v in raw["values"].items()}
+        return Reading({c: values.get(c) for c in columns}, t_ns=self.agent.clock.to_local(int(raw["t_ns"])))
+
+    def read(self) -> Reading:
+        return self._read(counters=False)
+
+    def read_counters(self) -> Reading:
+        return self._read(counters=True)
+
+    def counter_events(self) -> dict[str, dict[str, int]]:
+        return self._events
+
+    def clock(self) -> dict[str, Any]:
+        return self.agent.clock.report() | {"agent": self.agent.url}
