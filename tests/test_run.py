@@ -184,7 +184,8 @@ async def test_api_key_never_reaches_a_file(tmp_path: Path, sim: SimulatorProces
     assert summary["config"]["api_key_set"] is True
 
 
-def test_ctrl_c_keeps_every_record_measured(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ctrl_c_keeps_every_record_measured(tmp_path: Path, workers: str) -> None:
     run_dir = tmp_path / "interrupted"
     env = {**os.environ, "OPENAI_API_KEY": ""}
     proc = subprocess.Popen(
@@ -202,6 +203,8 @@ def test_ctrl_c_keeps_every_record_measured(tmp_path: Path) -> None:
             "--no-dashboard",
             "--baseline-s",
             "0",
+            "--workers",
+            workers,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -222,6 +225,9 @@ def test_ctrl_c_keeps_every_record_measured(tmp_path: Path) -> None:
     assert 0 < frame.height < 5000
     assert frame.filter(pl.col("status") == "ok").height > 0
     assert set(frame.get_column("status").unique().to_list()) <= {"ok", "cancelled"}
+    # every request sent has its record, the in-flight ones cancelled (worker processes too)
+    assert summary["loss"]["requests_not_recorded"] == 0
+    assert frame.get_column("request_id").sort().to_list() == list(range(frame.height))
 
 
 def test_crashed_writer_leaves_a_readable_file(tmp_path: Path) -> None:

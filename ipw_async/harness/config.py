@@ -153,6 +153,14 @@ class RunConfig:
     max_concurrency: int | None = field(
         default=None, metadata=option("Open loop: cap on requests in flight.")
     )
+    workers: str = field(
+        default="1",
+        metadata=option(
+            "Processes that stream the load: 1 (this one), a number, or auto (by the cores and the "
+            "concurrency). This one still schedules, samples and writes; use more than one when the "
+            "client's CPU limits the run (its loop lag shows it).",
+        ),
+    )
     warmup: int = field(
         default=0, metadata=option("Requests to run first, flagged and left out of statistics.")
     )
@@ -307,6 +315,10 @@ class RunConfig:
                 f"--agent-protocol must be one of {', '.join(PROTOCOLS)}",
             ),
             (self.max_turns >= 1, "--max-turns must be at least 1"),
+            (
+                self.workers == "auto" or (self.workers.isdigit() and int(self.workers) >= 1),
+                "--workers must be a number of processes (at least 1) or auto",
+            ),
             (self.task_timeout is None or self.task_timeout > 0, "--task-timeout must be positive"),
             (
                 self.attribution in RULES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._clock import now_ns
 from ..client import StreamingClient
@@ -15,9 +15,87 @@ from ..scoring import score
 from ..state import RunState
 from ..workload import Query, TaskLog, Workload, WorkUnit
 
+if TYPE_CHECKING:
+    from .workers import WorkerPool
 
-class Executor:
-    """Performs each unit the load driver hands it, through its workload.
+
+class Requests:
+    """What the run's executor and a worker process's share: a record per request the
+    workload makes, its body, and the request sent and scored. Subclasses say what happens as
+    a request starts and once it is kept."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        client: StreamingClient,
+        model: str,
+        *,
+        scorer: str | None,
+        session: int,
+        ids: Iterator[int],
+    ) -> None:
+        self.workload = workload
+        self.client = client
+        self.model = model
+        self.scorer = scorer
+        self.session = session
+        self._ids = ids
+
+    @property
+    def t0_ns(self) -> int:
+        return self.client.t0_ns
+
+    def new_record(
+        self, unit: WorkUnit, scheduled_ns: int, prompt: str, turn: int | None = None
+    ) -> RequestRecord:
+        t0 = self.client.t0_ns
+        return RequestRecord(
+            request_id=next(self._ids),
+            query_id=unit.query.id,
+            dataset=self.workload.name,
+            prompt=prompt,
+            reference=unit.query.reference,
+            warmup=unit.warmup,
+            unit_id=unit.unit_id,
+            session=self.session,
+            task_id=None if turn is None else unit.unit_id,
+            turn_index=turn,
+            scheduled_ns=scheduled_ns - t0,
+            dispatched_ns=now_ns() - t0,
+        )
+
+    def body(self, query: Query, stop: tuple[str, ...] = ()) -> bytes:
+        return self.client.body(query, self.model, stop)
+
+    def payload(self, fields: dict[str, Any], max_tokens: int | None = None) -> bytes:
+        return self.client.payload(self.model, fields, max_tokens)
+
+    async def request(
+        self,
+        record: RequestRecord,
+        body: bytes,
+        judge: Callable[[RequestRecord], bool | None] | None = None,
+    ) -> None:
+        self.started(record)
+        try:
+            await self.client.send(record, body)
+        finally:
+            if record.status is Status.OK:
+                record.correct = (
+                    judge(record) if judge else score(record.answer, record.reference, self.scorer)
+                )
+            await self.kept(record)
+
+    def started(self, record: RequestRecord) -> None:
+        raise NotImplementedError
+
+    async def kept(self, record: RequestRecord) -> None:
+        raise NotImplementedError
+
+
+class Executor(Requests):
+    """Performs each unit the load driver hands it, through its workload, here or in a
+    worker process (``workers``).
 
     It keeps every record (the writer streams them to disk as they finish) and stops the run
     when the server refuses ``abort_after`` connections in a row: a server that is gone would
@@ -40,22 +118,20 @@ class Executor:
         first_request_id: int = 0,
         done_units: frozenset[int] = frozenset(),
     ) -> None:
-        self.workload = workload
-        self.client = client
-        self.model = model
+        super().__init__(
+            workload, client, model, scorer=scorer, session=session, ids=itertools.count(first_request_id)
+        )
         self.writer = writer
         self.tasks = tasks
         self.state = state
-        self.scorer = scorer
         self.server = server
         self.abort_after = abort_after
-        self.records: list[RequestRecord] = []
         self.abort_reason: str | None = None
         self.aborted = asyncio.Event()
-        self.session = session
         self.done_units = done_units  # finished in an earlier session: not run again
         self.first_request_id = first_request_id
-        self._ids = itertools.count(first_request_id)
+        self.workers: WorkerPool | None = None
+        self._sent = 0
         self._connect_errors = 0
 
     def units(self, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
@@ -68,62 +144,29 @@ class Executor:
                 yield unit
 
     async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
-        await self.workload.perform(unit, self, scheduled_ns)
+        if self.workers is not None:
+            await self.workers.execute(unit, scheduled_ns)
+        else:
+            await self.workload.perform(unit, self, scheduled_ns)
+
+    def next_id(self) -> int:
+        """The next request id of the run (a worker's request takes one as it starts)."""
+        return next(self._ids)
 
     @property
     def dispatched(self) -> int:
         """Requests sent in the whole run, earlier sessions included."""
-        return self.first_request_id + len(self.records)
+        return self.first_request_id + self._sent
 
-    @property
-    def t0_ns(self) -> int:
-        return self.client.t0_ns
-
-    def new_record(
-        self, unit: WorkUnit, scheduled_ns: int, prompt: str, turn: int | None = None
-    ) -> RequestRecord:
-        t0 = self.client.t0_ns
-        record = RequestRecord(
-            request_id=next(self._ids),
-            query_id=unit.query.id,
-            dataset=self.workload.name,
-            prompt=prompt,
-            reference=unit.query.reference,
-            warmup=unit.warmup,
-            unit_id=unit.unit_id,
-            session=self.session,
-            task_id=None if turn is None else unit.unit_id,
-            turn_index=turn,
-            scheduled_ns=scheduled_ns - t0,
-            dispatched_ns=now_ns() - t0,
-        )
-        self.records.append(record)
-        return record
-
-    def body(self, query: Query, stop: tuple[str, ...] = ()) -> bytes:
-        return self.client.body(query, self.model, stop)
-
-    def payload(self, fields: dict[str, Any], max_tokens: int | None = None) -> bytes:
-        return self.client.payload(self.model, fields, max_tokens)
-
-    async def request(
-        self,
-        record: RequestRecord,
-        body: bytes,
-        judge: Callable[[RequestRecord], bool | None] | None = None,
-    ) -> None:
+    def started(self, record: RequestRecord | None) -> None:
+        self._sent += 1
         self.state.started()
-        try:
-            await self.client.send(record, body)
-        finally:
-            if record.status is Status.OK:
-                record.correct = (
-                    judge(record) if judge else score(record.answer, record.reference, self.scorer)
-                )
-            self.state.finished(record)
-            self._watch(record)
-            if self.writer.add(record):
-                await self.flush()
+
+    async def kept(self, record: RequestRecord) -> None:
+        self.state.finished(record)
+        self._watch(record)
+        if self.writer.add(record):
+            await self.flush()
 
     async def flush(self) -> None:
         """Records to disk; a disk that refuses them stops the run (what is on disk is kept)."""

@@ -44,6 +44,7 @@ from .finalize import RunResult, finalize
 from .health import HarnessCpu, LoopLag, gc_frozen
 from .limits import ensure_open_files
 from .resume import Resume, resume_from
+from .workers import WorkerPool, auto_workers
 
 FLUSH_S = 0.5  # records and telemetry reach the disk at least this often: what a kill -9 can lose
 
@@ -308,6 +309,15 @@ class _Session:
                 state.phase = Phase.DONE
 
             stack.push_async_callback(close_files)
+            count = self._worker_count()
+            if count > 1:
+                pool = WorkerPool(executor, count, self._client_config(base_url))
+                stack.push_async_callback(pool.close)  # before the files close: it keeps the last records
+                await pool.start()
+                executor.workers = pool
+                self._note(
+                    f"{count} worker processes stream the load; this one schedules, samples and writes"
+                )
             tasks = _Tasks()
             stack.push_async_callback(tasks.cancel_all)
             tasks.start(sampler.run())
@@ -362,6 +372,10 @@ class _Session:
                 self.complete = True
         state.phase = Phase.FINISHING
         await asyncio.sleep(config.tail_s if has_telemetry else 0)
+
+    def _worker_count(self) -> int:
+        workers = self.config.workers
+        return auto_workers(self.spec.pool_size) if workers == "auto" else int(workers)
 
     def _planned(self) -> int | None:
         if self.config.max_queries is not None:

@@ -1,0 +1,283 @@
+"""Load spread over worker processes: the coordinator schedules, the workers stream.
+
+One event loop parses every SSE event of every stream, so one core caps the events a run can
+take in. With ``--workers K`` the load driver, the sampler, the writer and the dashboard stay
+in the coordinator, which hands each unit of work to the least busy of K worker processes.
+Each worker has its own event loop and client, performs the unit through its own copy of the
+workload, and sends back what the run's executor would have seen: a request starting, a record
+kept, a task logged. Every stamp is on the machine's monotonic clock, shared by all processes.
+
+A worker numbers its requests by itself; the coordinator gives each its run-wide id as it
+starts (in the order requests start, as in one process) and renumbers its record and task log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import multiprocessing
+import os
+import signal
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..client import ClientConfig, StreamingClient
+from ..records import RequestRecord
+from ..workload import TaskLog, Workload, WorkUnit
+from .errors import RunError
+from .executor import Executor, Requests
+
+CLOSE_TIMEOUT_S = 10.0
+STREAMS_PER_WORKER = 128  # ``auto``: about what one core streams before its loop lags
+
+
+def auto_workers(pool_size: int, cores: int | None = None) -> int:
+    """``--workers auto``: one per STREAMS_PER_WORKER streams the load can hold open, at most
+    one per core but one (the coordinator's)."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(cores - 1, math.ceil(pool_size / STREAMS_PER_WORKER)))
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker process starts from (pickled to it)."""
+
+    index: int
+    count: int
+    workload: Workload
+    client: ClientConfig
+    t0_ns: int
+    model: str
+    scorer: str | None
+    session: int
+
+
+class _WorkerRequests(Requests):
+    """A worker's side of the executor: what the run's would do, sent to the coordinator."""
+
+    def __init__(self, setup: WorkerSetup, client: StreamingClient, conn: Connection) -> None:
+        super().__init__(
+            setup.workload,
+            client,
+            setup.model,
+            scorer=setup.scorer,
+            session=setup.session,
+            ids=itertools.count(),  # this worker's own numbers: the coordinator renumbers
+        )
+        self.conn = conn
+
+    def started(self, record: RequestRecord) -> None:
+        self.conn.send(("started", record.request_id))
+
+    async def kept(self, record: RequestRecord) -> None:
+        self.conn.send(("kept", record))
+
+    def task_started(self) -> None:
+        self.conn.send(("task_started",))
+
+    def task_done(self, log: TaskLog) -> None:
+        self.conn.send(("task_done", log))
+
+
+def _worker_main(setup: WorkerSetup, conn: Connection) -> None:
+    # Ctrl-C and kill signals reach the whole process group: the coordinator decides when a
+    # worker stops (and a coordinator that died closes the pipe, which ends the worker).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    asyncio.run(_serve(setup, conn))
+
+
+async def _serve(setup: WorkerSetup, conn: Connection) -> None:
+    loop = asyncio.get_running_loop()
+    client = StreamingClient(setup.client, t0_ns=setup.t0_ns)
+    side = _WorkerRequests(setup, client, conn)
+    running: dict[int, asyncio.Task[None]] = {}
+    closing = asyncio.Event()
+
+    async def perform(unit: WorkUnit, scheduled_ns: int) -> None:
+        try:
+            await setup.workload.perform(unit, side, scheduled_ns)
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # the coordinator raises it where the unit was awaited
+            conn.send(("failed", unit.unit_id, f"{type(exc).__name__}: {exc}"))
+            return
+        finally:
+            running.pop(unit.unit_id, None)
+        conn.send(("done", unit.unit_id))
+
+    def on_command() -> None:
+        try:
+            while conn.poll():
+                command = conn.recv()
+                if command[0] == "unit":
+                    _, unit, scheduled_ns = command
+                    running[unit.unit_id] = loop.create_task(perform(unit, scheduled_ns))
+                elif command[0] == "cancel" and command[1] in running:
+                    running[command[1]].cancel()
+                elif command[0] == "close":
+                    closing.set()
+        except EOFError:  # the coordinator is gone
+            closing.set()
+
+    loop.add_reader(conn.fileno(), on_command)
+    conn.send(("ready",))
+    try:
+        await closing.wait()
+        for task in list(running.values()):
+            task.cancel()
+        await asyncio.gather(*running.values(), return_exceptions=True)
+    finally:
+        loop.remove_reader(conn.fileno())
+        await client.aclose()
+        with contextlib.suppress(OSError):
+            conn.send(("closed",))
+
+
+class WorkerPool:
+    """K worker processes behind the run's :class:`Executor` (see the module docstring)."""
+
+    def __init__(self, executor: Executor, count: int, client: ClientConfig) -> None:
+        self.executor = executor
+        self.count = count
+        self.client = client
+        self._procs: list[Any] = []
+        self._conns: list[Connection] = []
+        self._load: list[int] = []  # units in flight per worker
+        self._pending: dict[int, tuple[int, asyncio.Future[None]]] = {}
+        self._ids: dict[tuple[int, int], int] = {}  # (worker, its number) -> the run's request id
+        self._messages: asyncio.Queue[tuple[int, tuple[Any, ...]]] = asyncio.Queue()
+        self._ready = 0
+        self._closed: set[int] = set()
+        self._consumer: asyncio.Task[None] | None = None
+        self._ready_event = asyncio.Event()
+        self._closed_event = asyncio.Event()
+
+    async def start(self) -> None:
+        ex = self.executor
+        # spawn, not fork: the harness already runs threads (the sampler's), which fork copies badly
+        context = multiprocessing.get_context("spawn")
+        per_worker = replace(self.client, max_connections=math.ceil(self.client.max_connections / self.count))
+        loop = asyncio.get_running_loop()
+        for index in range(self.count):
+            setup = WorkerSetup(
+                index,
+                self.count,
+                ex.workload,
+                per_worker,
+                ex.t0_ns,
+                ex.model,
+                ex.scorer,
+                ex.session,
+            )
+            ours, theirs = context.Pipe()
+            proc = context.Process(
+                target=_worker_main, args=(setup, theirs), daemon=True, name=f"ipw-async-worker-{index}"
+            )
+            try:
+                proc.start()
+            except Exception as exc:  # pickling the workload, mostly
+                raise RunError(
+                    f"cannot start worker processes ({type(exc).__name__}: {exc}); run with --workers 1"
+                ) from None
+            theirs.close()
+            self._procs.append(proc)
+            self._conns.append(ours)
+            self._load.append(0)
+            loop.add_reader(ours.fileno(), self._on_message, index)
+        self._consumer = loop.create_task(self._consume())
+        try:
+            await asyncio.wait_for(self._ready_event.wait(), timeout=60)
+        except TimeoutError:
+            raise RunError("the worker processes did not start within 60 s") from None
+
+    def _on_message(self, index: int) -> None:
+        conn = self._conns[index]
+        try:
+            while conn.poll():
+                self._messages.put_nowait((index, conn.recv()))
+        except (EOFError, OSError):
+            asyncio.get_running_loop().remove_reader(conn.fileno())
+            self._messages.put_nowait((index, ("closed",)))
+
+    async def _consume(self) -> None:
+        ex = self.executor
+        while True:
+            index, message = await self._messages.get()
+            kind = message[0]
+            if kind == "started":
+                self._ids[(index, message[1])] = ex.next_id()
+                ex.started(None)
+            elif kind == "kept":
+                record: RequestRecord = message[1]
+                key = (index, record.request_id)
+                # a task's calls keep their numbers until its log is renumbered too
+                record.request_id = self._ids[key] if record.task_id is not None else self._ids.pop(key)
+                await ex.kept(record)
+            elif kind == "task_started":
+                ex.task_started()
+            elif kind == "task_done":
+                log: TaskLog = message[1]
+                for turn in log.turns:
+                    turn["request_id"] = self._ids.pop((index, turn["request_id"]), None)
+                ex.task_done(log)
+            elif kind in ("done", "failed"):
+                entry = self._pending.pop(message[1], None)
+                if entry is not None:
+                    self._load[entry[0]] -= 1
+                    if not entry[1].done():
+                        if kind == "done":
+                            entry[1].set_result(None)
+                        else:
+                            entry[1].set_exception(RuntimeError(f"worker {index}: {message[2]}"))
+            elif kind == "ready":
+                self._ready += 1
+                if self._ready == self.count:
+                    self._ready_event.set()
+            elif kind == "closed":
+                self._closed.add(index)
+                for unit_id, (worker, future) in list(self._pending.items()):
+                    if worker == index:  # it will never answer for these
+                        if not future.done():
+                            future.set_exception(RuntimeError(f"worker {index} ended"))
+                        del self._pending[unit_id]
+                if len(self._closed) >= len(self._procs):
+                    self._closed_event.set()
+
+    async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
+        index = min(range(self.count), key=self._load.__getitem__)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending[unit.unit_id] = (index, future)
+        self._load[index] += 1
+        self._conns[index].send(("unit", unit, scheduled_ns))
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            with contextlib.suppress(OSError):
+                self._conns[index].send(("cancel", unit.unit_id))
+            raise
+
+    async def close(self) -> None:
+        """Cancel what runs, keep every record the workers send back, and end them."""
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.send(("close",))
+        if self._consumer is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed_event.wait(), CLOSE_TIMEOUT_S)
+        while not self._messages.empty():  # what came with the last "closed"
+            await asyncio.sleep(0)
+        if self._consumer is not None:
+            self._consumer.cancel()
+            await asyncio.gather(self._consumer, return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        for conn, proc in zip(self._conns, self._procs, strict=True):
+            with contextlib.suppress(ValueError, OSError):
+                loop.remove_reader(conn.fileno())
+            conn.close()
+            await asyncio.to_thread(proc.join, 5)
+            if proc.is_alive():
+                proc.kill()
