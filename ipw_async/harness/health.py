@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
+import psutil
 
 from .._clock import now_ns
 
@@ -33,19 +34,32 @@ class LoopLag:
 
 
 class HarnessCpu:
-    """CPU time of this process (all its threads) over the measured phase."""
+    """CPU time of the harness over the measured phase: this process (all its threads) and
+    the worker processes it was told of."""
 
     def __init__(self) -> None:
         self._start: tuple[float, float] | None = None
         self._stop: tuple[float, float] | None = None
+        self._workers: list[psutil.Process] = []
+
+    def track(self, pids: list[int]) -> None:
+        self._workers = [psutil.Process(pid) for pid in pids]
+
+    def _cpu(self) -> float:
+        total = time.process_time()
+        for proc in self._workers:
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        return total
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[None]:
-        self._start = (time.process_time(), time.perf_counter())
+        self._start = (self._cpu(), time.perf_counter())
         try:
             yield
         finally:
-            self._stop = (time.process_time(), time.perf_counter())
+            self._stop = (self._cpu(), time.perf_counter())
 
     def summary(self) -> dict[str, float | None]:
         if self._start is None or self._stop is None:

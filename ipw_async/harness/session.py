@@ -315,6 +315,7 @@ class _Session:
                 stack.push_async_callback(pool.close)  # before the files close: it keeps the last records
                 await pool.start()
                 executor.workers = pool
+                self.cpu.track(pool.pids)
                 self._note(
                     f"{count} worker processes stream the load; this one schedules, samples and writes"
                 )

@@ -247,6 +247,10 @@ class WorkerPool:
                 if len(self._closed) >= len(self._procs):
                     self._closed_event.set()
 
+    @property
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self._procs]
+
     async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
         index = min(range(self.count), key=self._load.__getitem__)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
