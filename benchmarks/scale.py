@@ -11,7 +11,8 @@
    DCGM exporter fields scraped from the simulator's /metrics; each query's error against the
    simulator's true energy.
 
-Ray (``--ray``) is not built yet, so it has no row.
+With Ray installed (``pip install 'ipw-async[ray]'``), a row for 2 Ray actors on a local
+cluster of two nodes (head and worker on loopback).
 
     python benchmarks/scale.py [--requests 1500] [--streams 128] [--repeats 2] [--shift-s 37.5]
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import importlib.util
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +35,7 @@ import polars as pl
 
 from ipw_async import RunConfig, run_benchmark
 from ipw_async.agent import AgentProcess
+from ipw_async.harness.ray_pool import local_cluster
 from ipw_async.harness.workers import auto_workers
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
 
@@ -71,9 +75,12 @@ async def bare_loop(base_url: str, streams: int, requests: int) -> float:
     return cpu / events * 1e6
 
 
-def throughput(workers: str, streams: int, requests: int, tmp: Path, base_url: str) -> dict[str, Any]:
+def throughput(
+    workers: str, streams: int, requests: int, tmp: Path, base_url: str, ray: str | None = None
+) -> dict[str, Any]:
     config = RunConfig(
         base_url=base_url,
+        ray=ray,
         output_dir=tmp / f"w{workers}",
         overwrite=True,
         concurrency=streams,
@@ -169,14 +176,22 @@ def main() -> None:
         f"1. workers: {args.streams} streams × 128 tokens, zero-delay simulator, {args.requests} requests, "
         f"{args.repeats} alternating rounds (auto = {auto_workers(args.streams)} here)"
     )
-    rows: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
+    ray = importlib.util.find_spec("ray") is not None
+    rows: dict[str, list[dict[str, Any]]] = {s: [] for s in [*settings, *(["Ray ×2"] if ray else [])]}
     bare: list[float] = []
-    with tempfile.TemporaryDirectory() as tmp, SimulatorProcess(ZERO_DELAY) as sim:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        sim = stack.enter_context(SimulatorProcess(ZERO_DELAY))
+        cluster = stack.enter_context(local_cluster(nodes=2)) if ray else None
         for _ in range(args.repeats):
             bare.append(asyncio.run(bare_loop(sim.base_url, args.streams, args.requests)))
             for setting in settings:
                 rows[setting].append(
                     throughput(setting, args.streams, args.requests, Path(tmp), sim.base_url)
+                )
+            if cluster is not None:
+                rows["Ray ×2"].append(
+                    throughput("2", args.streams, args.requests, Path(tmp), sim.base_url, cluster)
                 )
         base_rate = np.mean([r["events_per_s"] for r in rows["1"]])
         base_cpu = np.mean([r["cpu_us_per_event"] for r in rows["1"]])

@@ -161,6 +161,15 @@ class RunConfig:
             "client's CPU limits the run (its loop lag shows it).",
         ),
     )
+    ray: str | None = field(
+        default=None,
+        metadata=option(
+            "Run the --workers as Ray actors on the Ray cluster at this address (auto: the one "
+            "`ray start` made here), spread over its nodes; auto workers: one per node. Needs "
+            "pip install 'ipw-async[ray]' on every node.",
+            show_default=False,
+        ),
+    )
     warmup: int = field(
         default=0, metadata=option("Requests to run first, flagged and left out of statistics.")
     )

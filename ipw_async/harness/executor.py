@@ -16,6 +16,7 @@ from ..state import RunState
 from ..workload import Query, TaskLog, Workload, WorkUnit
 
 if TYPE_CHECKING:
+    from .ray_pool import RayPool
     from .workers import WorkerPool
 
 
@@ -130,7 +131,7 @@ class Executor(Requests):
         self.aborted = asyncio.Event()
         self.done_units = done_units  # finished in an earlier session: not run again
         self.first_request_id = first_request_id
-        self.workers: WorkerPool | None = None
+        self.workers: WorkerPool | RayPool | None = None
         self._sent = 0
         self._connect_errors = 0
 

@@ -43,6 +43,7 @@ from .executor import Executor
 from .finalize import RunResult, finalize
 from .health import HarnessCpu, LoopLag, gc_frozen
 from .limits import ensure_open_files
+from .ray_pool import RayPool
 from .resume import Resume, resume_from
 from .workers import WorkerPool, auto_workers
 
@@ -213,6 +214,7 @@ class _Session:
         self.complete = False
         self.lag = LoopLag()
         self.cpu = HarnessCpu()
+        self.pool_report: dict[str, Any] | None = None  # the workers: where, and their clocks
 
     def _note(self, message: str) -> None:
         if self.display is not None:
@@ -310,15 +312,19 @@ class _Session:
 
             stack.push_async_callback(close_files)
             count = self._worker_count()
-            if count > 1:
-                pool = WorkerPool(executor, count, self._client_config(base_url))
+            if config.ray is not None or count > 1:
+                pool: WorkerPool | RayPool = (
+                    RayPool(executor, count, self._client_config(base_url), config.ray)
+                    if config.ray is not None
+                    else WorkerPool(executor, count, self._client_config(base_url))
+                )
                 stack.push_async_callback(pool.close)  # before the files close: it keeps the last records
                 await pool.start()
                 executor.workers = pool
                 self.cpu.track(pool.pids)
-                self._note(
-                    f"{count} worker processes stream the load; this one schedules, samples and writes"
-                )
+                self.pool_report = pool.report()
+                where = f"Ray actors on {config.ray}" if config.ray is not None else "worker processes"
+                self._note(f"{pool.count} {where} stream the load; this one schedules, samples and writes")
             tasks = _Tasks()
             stack.push_async_callback(tasks.cancel_all)
             tasks.start(sampler.run())
@@ -375,8 +381,11 @@ class _Session:
         await asyncio.sleep(config.tail_s if has_telemetry else 0)
 
     def _worker_count(self) -> int:
+        """Workers asked for; 0 for Ray's auto (one per node, known once it has joined)."""
         workers = self.config.workers
-        return auto_workers(self.spec.pool_size) if workers == "auto" else int(workers)
+        if workers == "auto":
+            return 0 if self.config.ray is not None else auto_workers(self.spec.pool_size)
+        return int(workers)
 
     def _planned(self) -> int | None:
         if self.config.max_queries is not None:
@@ -396,7 +405,11 @@ class _Session:
             "interrupted": self.interrupted is not None,
             "aborted": self.abort_reason,
             "sampler": asdict(sampler.quality()),
-            "harness": {"loop_lag_ms": distribution(self.lag.lags_ms), **self.cpu.summary()},
+            "harness": {
+                "loop_lag_ms": distribution(self.lag.lags_ms),
+                **self.cpu.summary(),
+                "workers": self.pool_report,
+            },
         }
 
     async def _telemetry(self, sim: SimulatorProcess | None, base_url: str) -> TelemetrySetup:

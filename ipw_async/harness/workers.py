@@ -8,7 +8,8 @@ workload, and sends back what the run's executor would have seen: a request star
 kept, a task logged. Every stamp is on the machine's monotonic clock, shared by all processes.
 
 A worker numbers its requests by itself; the coordinator gives each its run-wide id as it
-starts (in the order requests start, as in one process) and renumbers its record and task log.
+hears of it starting (the order requests start in, but for messages of two workers crossing)
+and renumbers its record and task log.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import math
 import multiprocessing
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -43,10 +45,9 @@ def auto_workers(pool_size: int, cores: int | None = None) -> int:
 
 @dataclass(frozen=True)
 class WorkerSetup:
-    """What a worker process starts from (pickled to it)."""
+    """What a worker starts from (pickled to it); ``t0_ns`` is the run's start on its clock."""
 
     index: int
-    count: int
     workload: Workload
     client: ClientConfig
     t0_ns: int
@@ -55,10 +56,13 @@ class WorkerSetup:
     session: int
 
 
-class _WorkerRequests(Requests):
+Message = tuple[Any, ...]
+
+
+class WorkerRequests(Requests):
     """A worker's side of the executor: what the run's would do, sent to the coordinator."""
 
-    def __init__(self, setup: WorkerSetup, client: StreamingClient, conn: Connection) -> None:
+    def __init__(self, setup: WorkerSetup, client: StreamingClient, send: Callable[[Message], None]) -> None:
         super().__init__(
             setup.workload,
             client,
@@ -67,19 +71,48 @@ class _WorkerRequests(Requests):
             session=setup.session,
             ids=itertools.count(),  # this worker's own numbers: the coordinator renumbers
         )
-        self.conn = conn
+        self.send = send
 
     def started(self, record: RequestRecord) -> None:
-        self.conn.send(("started", record.request_id))
+        self.send(("started", record.request_id))
 
     async def kept(self, record: RequestRecord) -> None:
-        self.conn.send(("kept", record))
+        self.send(("kept", record))
 
     def task_started(self) -> None:
-        self.conn.send(("task_started",))
+        self.send(("task_started",))
 
     def task_done(self, log: TaskLog) -> None:
-        self.conn.send(("task_done", log))
+        self.send(("task_done", log))
+
+
+class Ledger:
+    """The coordinator's side: a worker's messages applied to the run's executor, its request
+    numbers made the run's (given as requests start, so ids are dense and in about start order)."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        self._ids: dict[tuple[int, int], int] = {}  # (worker, its number) -> the run's request id
+
+    async def apply(self, worker: int, message: Message) -> None:
+        ex = self.executor
+        kind = message[0]
+        if kind == "started":
+            self._ids[(worker, message[1])] = ex.next_id()
+            ex.started(None)
+        elif kind == "kept":
+            record: RequestRecord = message[1]
+            key = (worker, record.request_id)
+            # a task's calls keep their numbers until its log is renumbered too
+            record.request_id = self._ids[key] if record.task_id is not None else self._ids.pop(key)
+            await ex.kept(record)
+        elif kind == "task_started":
+            ex.task_started()
+        elif kind == "task_done":
+            log: TaskLog = message[1]
+            for turn in log.turns:
+                turn["request_id"] = self._ids.pop((worker, turn["request_id"]), None)
+            ex.task_done(log)
 
 
 def _worker_main(setup: WorkerSetup, conn: Connection) -> None:
@@ -93,7 +126,7 @@ def _worker_main(setup: WorkerSetup, conn: Connection) -> None:
 async def _serve(setup: WorkerSetup, conn: Connection) -> None:
     loop = asyncio.get_running_loop()
     client = StreamingClient(setup.client, t0_ns=setup.t0_ns)
-    side = _WorkerRequests(setup, client, conn)
+    side = WorkerRequests(setup, client, conn.send)
     running: dict[int, asyncio.Task[None]] = {}
     closing = asyncio.Event()
 
@@ -148,7 +181,7 @@ class WorkerPool:
         self._conns: list[Connection] = []
         self._load: list[int] = []  # units in flight per worker
         self._pending: dict[int, tuple[int, asyncio.Future[None]]] = {}
-        self._ids: dict[tuple[int, int], int] = {}  # (worker, its number) -> the run's request id
+        self._ledger = Ledger(executor)
         self._messages: asyncio.Queue[tuple[int, tuple[Any, ...]]] = asyncio.Queue()
         self._ready = 0
         self._closed: set[int] = set()
@@ -165,7 +198,6 @@ class WorkerPool:
         for index in range(self.count):
             setup = WorkerSetup(
                 index,
-                self.count,
                 ex.workload,
                 per_worker,
                 ex.t0_ns,
@@ -204,26 +236,11 @@ class WorkerPool:
             self._messages.put_nowait((index, ("closed",)))
 
     async def _consume(self) -> None:
-        ex = self.executor
         while True:
             index, message = await self._messages.get()
             kind = message[0]
-            if kind == "started":
-                self._ids[(index, message[1])] = ex.next_id()
-                ex.started(None)
-            elif kind == "kept":
-                record: RequestRecord = message[1]
-                key = (index, record.request_id)
-                # a task's calls keep their numbers until its log is renumbered too
-                record.request_id = self._ids[key] if record.task_id is not None else self._ids.pop(key)
-                await ex.kept(record)
-            elif kind == "task_started":
-                ex.task_started()
-            elif kind == "task_done":
-                log: TaskLog = message[1]
-                for turn in log.turns:
-                    turn["request_id"] = self._ids.pop((index, turn["request_id"]), None)
-                ex.task_done(log)
+            if kind in ("started", "kept", "task_started", "task_done"):
+                await self._ledger.apply(index, message)
             elif kind in ("done", "failed"):
                 entry = self._pending.pop(message[1], None)
                 if entry is not None:
@@ -250,6 +267,9 @@ class WorkerPool:
     @property
     def pids(self) -> list[int]:
         return [proc.pid for proc in self._procs]
+
+    def report(self) -> dict[str, Any]:
+        return {"processes": self.count}
 
     async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
         index = min(range(self.count), key=self._load.__getitem__)

@@ -72,7 +72,7 @@ class ClockSync:
             # the true offset lies within half the best round trip of its midpoint estimate
             "uncertainty_ms": best.rtt_ns / 2e6,
             "rtt_ms": {"min": float(rtt.min()) / 1e6, "p50": float(np.median(rtt)) / 1e6},
-            "method": "midpoint of the shortest round trip to the agent's /clock",
+            "method": "midpoint of the shortest round trip",
         }
         thirds = len(pings) // 3
         if thirds >= 8:
