@@ -7,12 +7,15 @@ from round trips to ``/clock``. The harness keeps the schedule, so its sampler, 
 and attribution work on a remote source exactly as on a local one.
 
 Endpoints: ``/clock`` (the agent's clock, now), ``/info`` (host and sources), ``/read?source=N``
-(one read of a source; ``&counters=1`` reads only its energy counters, for the probes).
+(one read of a source; ``&counters=1`` reads only its energy counters, for the probes), and
+``/stream?period_ms=P`` (every source read each P ms, one JSON line per read, until the
+client goes: for dashboards and anyone who wants the agent to keep the schedule).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import sys
 from collections.abc import Sequence
@@ -40,6 +43,7 @@ class AgentServer:
         self.app.router.add_get("/clock", self._clock)
         self.app.router.add_get("/info", self._info)
         self.app.router.add_get("/read", self._read)
+        self.app.router.add_get("/stream", self._stream)
 
     async def _clock(self, request: web.Request) -> web.Response:
         return web.json_response({"t_ns": now_ns() + self.shift_ns})
@@ -61,23 +65,43 @@ class AgentServer:
             }
         )
 
-    async def _read(self, request: web.Request) -> web.Response:
-        name = request.query.get("source", "")
-        opened = self.sources.get(name)
-        if opened is None:
-            raise web.HTTPNotFound(text=f"no source {name!r}; this agent has {', '.join(self.sources)}")
-        source = opened.source
-        read = source.read_counters if request.query.get("counters") == "1" else source.read
+    async def _reading(self, name: str, counters: bool = False) -> dict[str, Any]:
+        """One read of a source, stamped on this machine's clock (shifted)."""
+        source = self.sources[name].source
+        read = source.read_counters if counters else source.read
         async with self._locks[name]:
             reading, start, latency = await asyncio.to_thread(timed_read, read)
         stamp = reading.t_ns if reading.t_ns is not None else start + latency // 2
-        body: dict[str, Any] = {
+        return {
+            "source": name,
             "t_ns": stamp + self.shift_ns,
             "read_ns": latency,
             "values": reading.values,
             "counter_events": source.counter_events(),
         }
-        return web.json_response(body)
+
+    async def _read(self, request: web.Request) -> web.Response:
+        name = request.query.get("source", "")
+        if name not in self.sources:
+            raise web.HTTPNotFound(text=f"no source {name!r}; this agent has {', '.join(self.sources)}")
+        return web.json_response(await self._reading(name, request.query.get("counters") == "1"))
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        try:
+            period_ns = int(float(request.query.get("period_ms", "50")) * 1e6)
+        except ValueError:
+            raise web.HTTPBadRequest(text="period_ms must be a number of milliseconds") from None
+        if period_ns < 1_000_000:
+            raise web.HTTPBadRequest(text="period_ms must be at least 1")
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        deadline = now_ns()
+        while True:  # absolute deadlines: the schedule never drifts; ends when the client goes
+            for name in self.sources:
+                line = json.dumps(await self._reading(name)) + "\n"
+                await response.write(line.encode())
+            deadline += period_ns
+            await asyncio.sleep(max(0, deadline - now_ns()) / 1e9)
 
 
 async def serve_agent(setup: TelemetrySetup, host: str, port: int, shift_ns: int = 0) -> None:

@@ -422,11 +422,16 @@ class _Timeline:
 
 
 def _band(
-    timeline: _Timeline, placements: list[Segments], point: np.ndarray, baseline: float | None, pooled: bool
+    timeline: _Timeline,
+    placements: list[Segments],
+    estimates: list[np.ndarray],
+    baseline: float | None,
+    pooled: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The least and most each request could have used.
 
-    Over the work models the meter cannot tell apart (prefill where the inferred steps put it
+    Over ``estimates`` (the rule's, the power model fitted to the run) and the work models the
+    meter cannot tell apart (prefill where the inferred steps put it
     or all in the first token's step, a prompt token worth ``BAND_PREFILL_WEIGHTS`` output
     tokens, static power as measured, as fitted, or none), widened by each request's share of
     the energy that work does not explain: per meter interval, what a linear fit of energy to
@@ -435,7 +440,7 @@ def _band(
     unexplained, fitted_static = timeline.unexplained(
         placements[-1].weighted(BAND_PREFILL_WEIGHTS[0]), baseline
     )
-    estimates = [point]
+    estimates = list(estimates)
     for segments in placements:
         for weight in BAND_PREFILL_WEIGHTS:
             for static in {baseline, fitted_static, None}:
@@ -482,22 +487,28 @@ def attribute_meter(
     seg_eq = _equal_segments(sent, end)
     seg_last = _last_step_segments(requests)
     seg_tokens = _placed_segments(requests)
-    # the engine's power model describes the accelerator; a host meter is shared by tokens
-    if config.rule == "fitted" and meter.accelerator and n:
-        seg_rule, fitted, static_w = _fitted_segments(requests, vc, baseline, config.prefill_weight)
-        baseline = static_w
+    # the device's power model, fitted to the run: the fitted rule's split, one end of every
+    # rule's band, and in the summary; it describes the accelerator, not a host meter
+    model: tuple[Segments, float] | None = None
+    if meter.accelerator and n and config.rule != "window":
+        seg_fit, fitted, static_fit = _fitted_segments(requests, vc, baseline, config.prefill_weight)
+        model = (seg_fit, static_fit)
+    if config.rule == "fitted" and model is not None:
+        seg_rule, baseline = model
     elif config.rule in ("tokens", "fitted"):
         seg_rule = seg_tokens.weighted(config.prefill_weight)
     else:
         seg_rule = seg_eq
-    timeline = _Timeline(vc, seg_eq, [seg_rule, seg_last, seg_tokens], n)
+    extra = [] if model is None else [model[0]]
+    timeline = _Timeline(vc, seg_eq, [seg_rule, seg_last, seg_tokens, *extra], n)
     energy, imputed_part, idle = timeline.split(seg_rule, baseline, pooled=config.rule != "equal")
     window = np.interp(end, vc.t, vc.e) - np.interp(sent, vc.t, vc.e)
     if config.rule == "window":
         energy = window
         low = high = np.full(n, np.nan)  # the window rule counts overlaps again: no band to give
     else:
-        low, high = _band(timeline, [seg_last, seg_tokens], energy, baseline, config.rule != "equal")
+        others = [] if model is None else [timeline.split(model[0], model[1], pooled=True)[0]]
+        low, high = _band(timeline, [seg_last, seg_tokens], [energy, *others], baseline, config.rule != "equal")
     provenance = [base_prov if base_prov == "estimated" or imp <= 0 else "imputed" for imp in imputed_part]
     duration = (end - sent) / NS
     total = timeline.total

@@ -3,6 +3,7 @@ differently, and Prometheus endpoints (DCGM exporter, the server's /metrics)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -142,3 +143,23 @@ async def test_a_metrics_url_with_nothing_to_read_says_so(tmp_path: Path) -> Non
         config = quick_config(tmp_path, base_url=sim.base_url, prometheus_url=[f"{sim.root_url}/health"])
         with pytest.raises(RunError, match="shows no metric ipw-async reads"):
             await run_benchmark(config)
+
+
+def test_the_agent_streams_every_source_on_its_own_schedule(tmp_path: Path) -> None:
+    with (
+        SimulatorProcess(quick_config(tmp_path).sim) as sim,
+        AgentProcess(["--telemetry", "sim", "--sim-url", sim.root_url]) as agent,
+        httpx.stream("GET", f"{agent.root_url}/stream", params={"period_ms": 20}, timeout=10) as response,
+    ):
+        lines = []
+        for line in response.iter_lines():
+            lines.append(json.loads(line))
+            if len(lines) == 6:
+                break
+        bad = httpx.get(f"{agent.root_url}/stream", params={"period_ms": "soon"}, timeout=10)
+    assert {line["source"] for line in lines} == {"sim"}
+    stamps = [line["t_ns"] for line in lines]
+    assert stamps == sorted(stamps)
+    assert 10e6 < np.median(np.diff(stamps)) < 40e6  # every 20 ms
+    assert all(line["values"]["sim.energy_j"] is not None for line in lines)
+    assert bad.status_code == 400 and "period_ms" in bad.text
