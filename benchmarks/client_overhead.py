@@ -29,9 +29,22 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ipw_async import RunConfig, run_benchmark
+from ipw_async import RunConfig, RunResult, run_benchmark
 from ipw_async.harness import Display
 from ipw_async.sim import EngineConfig, SimConfig
+
+
+def stream_figures(result: RunResult) -> tuple[pl.DataFrame, int, np.ndarray]:
+    """A run's requests that succeeded, their SSE events, and each token event's stamp delay
+    (client arrival − server send, one clock) in ms."""
+    ok = result.records.filter(pl.col("status") == "ok")
+    delay_ms = (
+        ok.select((pl.col("chunk_ns").explode() - pl.col("chunk_server_ns").explode()) / 1e6)
+        .to_series()
+        .drop_nulls()
+        .to_numpy()
+    )
+    return ok, int(ok.get_column("chunk_count").sum()), delay_ms
 
 
 def measure(
@@ -67,17 +80,10 @@ def measure(
             ),
         )
         result = asyncio.run(run_benchmark(config, display))
-    ok = result.records.filter(pl.col("status") == "ok")
-    events = int(ok.get_column("chunk_count").sum())
+    ok, events, delay_ms = stream_figures(result)
     harness = result.summary["harness"]
     cpu_s = harness["cpu_s"]
     wall_s = cpu_s / harness["cpu_share"]
-    delay_ms = (
-        ok.select((pl.col("chunk_ns").explode() - pl.col("chunk_server_ns").explode()) / 1e6)
-        .to_series()
-        .drop_nulls()
-        .to_numpy()
-    )
     lag = harness["loop_lag_ms"]
     return {
         "concurrency": concurrency,

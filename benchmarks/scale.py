@@ -32,6 +32,7 @@ import aiohttp
 import httpx
 import numpy as np
 import polars as pl
+from client_overhead import stream_figures
 
 from ipw_async import RunConfig, run_benchmark
 from ipw_async.agent import AgentProcess
@@ -93,26 +94,11 @@ def throughput(
         telemetry="none",
         baseline_s=0,
         tail_s=0,
-        sim=SimConfig(
-            engine=EngineConfig(
-                zero_delay=True,
-                step_per_seq_ms=0.0,
-                step_per_prefill_token_ms=0.0,
-                max_batch=max(256, streams),
-            )
-        ),
     )
     result = asyncio.run(run_benchmark(config))
-    ok = result.records.filter(pl.col("status") == "ok")
-    events = int(ok.get_column("chunk_count").sum())
+    ok, events, delay_ms = stream_figures(result)
     harness = result.summary["harness"]
     wall_s = result.summary["window_s"]
-    delay_ms = (
-        ok.select((pl.col("chunk_ns").explode() - pl.col("chunk_server_ns").explode()) / 1e6)
-        .to_series()
-        .drop_nulls()
-        .to_numpy()
-    )
     return {
         "events_per_s": events / wall_s,
         "cpu_us_per_event": harness["cpu_s"] / events * 1e6,

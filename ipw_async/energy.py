@@ -508,7 +508,9 @@ def attribute_meter(
         low = high = np.full(n, np.nan)  # the window rule counts overlaps again: no band to give
     else:
         others = [] if model is None else [timeline.split(model[0], model[1], pooled=True)[0]]
-        low, high = _band(timeline, [seg_last, seg_tokens], [energy, *others], baseline, config.rule != "equal")
+        low, high = _band(
+            timeline, [seg_last, seg_tokens], [energy, *others], baseline, config.rule != "equal"
+        )
     provenance = [base_prov if base_prov == "estimated" or imp <= 0 else "imputed" for imp in imputed_part]
     duration = (end - sent) / NS
     total = timeline.total

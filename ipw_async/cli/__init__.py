@@ -6,6 +6,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from . import agent, analysis, run
 from ._common import Debug, err
@@ -38,5 +39,5 @@ def main() -> None:
     except Exception as exc:  # the last line of defence: one sentence, not a traceback
         if Debug.on:
             raise
-        err.print(f"[bold red]error:[/] {exc} (rerun with --debug for the traceback)")
+        err.print(f"[bold red]error:[/] {escape(str(exc))} (rerun with --debug for the traceback)")
         sys.exit(2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # an error is one line, however long
 out = Console(highlight=False, soft_wrap=True)  # one line per message, even in a narrow log
@@ -17,7 +18,7 @@ class Debug:
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a one-line error; raise the returned Exit to end the command with ``code``."""
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(code)
 
 

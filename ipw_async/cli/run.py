@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from ..harness import RunAborted, RunConfig, RunDirError, RunError, finalize, run_benchmark
 from ..harness.session import Display
@@ -61,7 +62,7 @@ def execute(config: RunConfig, display: Display) -> int:
         except RunError as exc:
             if Debug.on:
                 raise
-            err.print(f"[bold red]error:[/] {exc}")
+            err.print(f"[bold red]error:[/] {escape(str(exc))}")
             return 1 if isinstance(exc, RunAborted) else 2
         except KeyboardInterrupt:
             cause = (

@@ -166,7 +166,7 @@ class RunConfig:
         metadata=option(
             "Run the --workers as Ray actors on the Ray cluster at this address (auto: the one "
             "`ray start` made here), spread over its nodes; auto workers: one per node. Needs "
-            "pip install 'ipw-async[ray]' on every node.",
+            "ipw-async with its ray extra on every node.",
             show_default=False,
         ),
     )

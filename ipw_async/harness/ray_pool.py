@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import platform
 import socket
 import subprocess
@@ -43,10 +44,11 @@ class RayWorker:
     async def clock(self) -> int:
         return now_ns()
 
-    async def node(self) -> str:
+    async def where(self) -> tuple[str, str, int]:
+        """Its host, Ray node and process."""
         import ray
 
-        return f"{platform.node()} (Ray node {ray.get_runtime_context().get_node_id()[:12]})"
+        return platform.node(), ray.get_runtime_context().get_node_id()[:12], os.getpid()
 
     async def start(self, t0_ns: int) -> None:
         """The run's start on this node's clock: every stamp here is taken from it."""
@@ -106,6 +108,7 @@ class RayPool:
         self._offsets: list[int] = []
         self._syncs: list[ClockSync] = []
         self._nodes: list[str] = []
+        self._local_pids: list[int] = []
         self._load: list[int] = []
         self._collecting: set[asyncio.Task[None]] = set()
         self._ledger = Ledger(executor)
@@ -151,11 +154,15 @@ class RayPool:
             await handle.start.remote(ex.t0_ns + offset)
             self._syncs.append(sync)
             self._offsets.append(offset)
-            self._nodes.append(await handle.node.remote())
+            host, node, pid = await handle.where.remote()
+            self._nodes.append(f"{host} (Ray node {node})")
+            if host == platform.node():
+                self._local_pids.append(pid)
 
     @property
     def pids(self) -> list[int]:
-        return []  # on other nodes: their CPU is not this machine's to count
+        """The actors on this machine: their CPU is the harness's too (others' is not seen)."""
+        return self._local_pids
 
     def report(self) -> dict[str, Any]:
         """Where each actor ran and how its clock was aligned, for the run's summary."""
