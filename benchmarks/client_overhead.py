@@ -34,6 +34,19 @@ from ipw_async.harness import Display
 from ipw_async.sim import EngineConfig, SimConfig
 
 
+def stream_config(**fields: Any) -> RunConfig:
+    """128-token streams of 64-token prompts and nothing but the load: no baseline, no tail."""
+    return RunConfig(
+        dataset="synthetic",
+        output_tokens=128,
+        length_sigma=0.0,
+        prompt_tokens=64,
+        baseline_s=0,
+        tail_s=0,
+        **fields,
+    )
+
+
 def stream_figures(result: RunResult) -> tuple[pl.DataFrame, int, np.ndarray]:
     """A run's requests that succeeded, their SSE events, and each token event's stamp delay
     (client arrival − server send, one clock) in ms."""
@@ -58,17 +71,11 @@ def measure(
 
         display = Dashboard(console=Console(file=io.StringIO(), force_terminal=True, width=120))
     with tempfile.TemporaryDirectory() as tmp:
-        config = RunConfig(
+        config = stream_config(
             output_dir=Path(tmp) / "run",
             concurrency=concurrency,
-            dataset="synthetic",
             max_queries=requests,
-            output_tokens=128,
-            length_sigma=0.0,
-            prompt_tokens=64,
             telemetry=telemetry,
-            baseline_s=0,
-            tail_s=0,
             sim=SimConfig(
                 engine=EngineConfig(
                     zero_delay=step_ms == 0,

@@ -32,7 +32,7 @@ import aiohttp
 import httpx
 import numpy as np
 import polars as pl
-from client_overhead import stream_figures
+from client_overhead import stream_config, stream_figures
 
 from ipw_async import RunConfig, run_benchmark
 from ipw_async.agent import AgentProcess
@@ -79,21 +79,15 @@ async def bare_loop(base_url: str, streams: int, requests: int) -> float:
 def throughput(
     workers: str, streams: int, requests: int, tmp: Path, base_url: str, ray: str | None = None
 ) -> dict[str, Any]:
-    config = RunConfig(
+    config = stream_config(
         base_url=base_url,
         ray=ray,
         output_dir=tmp / f"w{workers}",
         overwrite=True,
         concurrency=streams,
         workers=workers,
-        dataset="synthetic",
         max_queries=requests,
-        output_tokens=128,
-        length_sigma=0.0,
-        prompt_tokens=64,
         telemetry="none",
-        baseline_s=0,
-        tail_s=0,
     )
     result = asyncio.run(run_benchmark(config))
     ok, events, delay_ms = stream_figures(result)
