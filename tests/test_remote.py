@@ -3,6 +3,7 @@ differently, and Prometheus endpoints (DCGM exporter, the server's /metrics)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -163,3 +164,24 @@ def test_the_agent_streams_every_source_on_its_own_schedule(tmp_path: Path) -> N
     assert 10e6 < np.median(np.diff(stamps)) < 40e6  # every 20 ms
     assert all(line["values"]["sim.energy_j"] is not None for line in lines)
     assert bad.status_code == 400 and "period_ms" in bad.text
+
+
+async def test_an_agent_that_dies_mid_run_leaves_a_gap_that_is_imputed_and_said(tmp_path: Path) -> None:
+    config = quick_config(tmp_path, concurrency=8, max_queries=None, duration=4.0, dataset="synthetic")
+    with SimulatorProcess(config.sim) as sim:
+        agent = AgentProcess(["--telemetry", "sim", "--sim-url", sim.root_url]).start()
+        config.base_url = sim.base_url
+        config.telemetry = "none"
+        config.telemetry_url = [agent.root_url]
+        run = asyncio.create_task(run_benchmark(config))
+        await asyncio.sleep(2.5)
+        agent.stop()
+        result = await run
+    meter = f"sim@127.0.0.1:{agent.port}"
+    frame = result.records
+    assert result.summary["complete"] is True  # the server was fine: the run went on
+    provenance = set(frame.get_column(f"{meter}.provenance").to_list())
+    assert "imputed" in provenance  # the requests after the agent died say how they were measured
+    energy = result.summary["energy"]["meters"][meter]
+    assert energy["imputed_j"] > 0
+    assert abs(energy["conservation_error"]) < 1e-9

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+import psutil
 import pytest
 
 from ipw_async import run_benchmark
-from ipw_async.harness.errors import RunError
+from ipw_async.harness.errors import RunAborted, RunError
 from ipw_async.harness.ray_pool import local_cluster
 from ipw_async.harness.workers import auto_workers
 
@@ -98,3 +100,25 @@ async def test_a_ray_address_with_no_cluster_says_so(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     with pytest.raises(RunError, match=r"cannot join the Ray cluster at 127\.0\.0\.1:9 "):
         await run_benchmark(quick_config(tmp_path, ray="127.0.0.1:9"))
+
+
+async def test_a_worker_killed_mid_run_stops_the_run_with_the_reason_and_keeps_the_rest(
+    tmp_path: Path,
+) -> None:
+    config = quick_config(tmp_path, concurrency=8, max_queries=None, duration=30.0, workers="2")
+    run = asyncio.create_task(run_benchmark(config))
+    records = tmp_path / "run" / "records.arrow"
+    for _ in range(300):  # the first records are on disk: the workers are streaming
+        await asyncio.sleep(0.05)
+        if records.exists() and pl.read_ipc_stream(records).height > 8:
+            break
+    workers = [c for c in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(c.cmdline())]
+    assert len(workers) == 2
+    workers[0].kill()
+    with pytest.raises(RunAborted, match=r"worker process \d ended unexpectedly \(exit code -9\)"):
+        await asyncio.wait_for(run, 60)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["complete"] is False
+    # the other worker's records are all there; the dead one's in-flight requests are the loss
+    assert summary["loss"]["requests_on_disk"] > 8
+    assert 0 < summary["loss"]["requests_not_recorded"] <= 8

@@ -185,6 +185,7 @@ class WorkerPool:
         self._messages: asyncio.Queue[tuple[int, tuple[Any, ...]]] = asyncio.Queue()
         self._ready = 0
         self._closed: set[int] = set()
+        self._closing = False
         self._consumer: asyncio.Task[None] | None = None
         self._ready_event = asyncio.Event()
         self._closed_event = asyncio.Event()
@@ -236,6 +237,7 @@ class WorkerPool:
             self._messages.put_nowait((index, ("closed",)))
 
     async def _consume(self) -> None:
+        ex = self.executor
         while True:
             index, message = await self._messages.get()
             kind = message[0]
@@ -256,11 +258,17 @@ class WorkerPool:
                     self._ready_event.set()
             elif kind == "closed":
                 self._closed.add(index)
-                for unit_id, (worker, future) in list(self._pending.items()):
-                    if worker == index:  # it will never answer for these
-                        if not future.done():
-                            future.set_exception(RuntimeError(f"worker {index} ended"))
-                        del self._pending[unit_id]
+                lost = [unit_id for unit_id, (worker, _) in self._pending.items() if worker == index]
+                if not self._closing:  # it died: what it had in flight is lost, the run stops
+                    await asyncio.to_thread(self._procs[index].join, 1)
+                    ex.stop(
+                        f"worker process {index} ended unexpectedly (exit code {self._procs[index].exitcode}); "
+                        f"{len(lost)} unit(s) it was running are lost"
+                    )
+                for unit_id in lost:  # it will never answer for these
+                    future = self._pending.pop(unit_id)[1]
+                    if not future.done():
+                        future.set_result(None)
                 if len(self._closed) >= len(self._procs):
                     self._closed_event.set()
 
@@ -286,6 +294,7 @@ class WorkerPool:
 
     async def close(self) -> None:
         """Cancel what runs, keep every record the workers send back, and end them."""
+        self._closing = True
         for conn in self._conns:
             with contextlib.suppress(OSError):
                 conn.send(("close",))
