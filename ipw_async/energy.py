@@ -270,7 +270,7 @@ def _step_segments(
     start = np.maximum(steps.start[steps.step], sent)
     end = np.minimum(steps.end[steps.step], until)
     ok = (end > start) & ((decode > 0) | (prefill > 0))
-    dur = np.where(ok & ~rates, end - start, 1.0)
+    dur = np.where(ok, end - start, 1.0) if not rates else np.ones_like(start)
     return Segments(steps.req[ok], start[ok], end[ok], (decode / dur)[ok], (prefill / dur)[ok])
 
 

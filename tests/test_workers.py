@@ -42,11 +42,11 @@ async def test_two_workers_keep_the_concurrency_and_fill_one_run_directory(tmp_p
     assert peak == 8
     energy = result.summary["energy"]
     assert frame.get_column("energy_j").sum() + energy["idle_j"] == pytest.approx(energy["total_j"], rel=1e-9)
-    assert result.summary["config"]["workers"] == "2"
+    assert result.summary["harness"]["workers"] == {"processes": 2}
 
 
-async def test_agentic_tasks_over_workers_keep_their_turns_and_traces(tmp_path: Path) -> None:
-    config = quick_config(tmp_path, workload="agentic", concurrency=4, max_queries=12, workers="2")
+async def check_agentic_traces(tmp_path: Path, **pool: str) -> None:
+    config = quick_config(tmp_path, workload="agentic", concurrency=4, max_queries=12, **pool)
     result = await run_benchmark(config)
     traces = [json.loads(line) for line in (tmp_path / "run" / "traces.jsonl").read_text().splitlines()]
     assert len(traces) == 12
@@ -56,6 +56,10 @@ async def test_agentic_tasks_over_workers_keep_their_turns_and_traces(tmp_path: 
     assert sorted(turn["request_id"] for turn in turns) == sorted(ids)
     assert all(turn["energy_j"] is not None for turn in turns)
     assert result.summary["tasks"]["count"] == 12
+
+
+async def test_agentic_tasks_over_workers_keep_their_turns_and_traces(tmp_path: Path) -> None:
+    await check_agentic_traces(tmp_path, workers="2")
 
 
 def test_auto_takes_a_worker_per_128_streams_and_leaves_the_coordinator_a_core() -> None:
@@ -122,3 +126,52 @@ async def test_a_worker_killed_mid_run_stops_the_run_with_the_reason_and_keeps_t
     # the other worker's records are all there; the dead one's in-flight requests are the loss
     assert summary["loss"]["requests_on_disk"] > 8
     assert 0 < summary["loss"]["requests_not_recorded"] <= 8
+
+
+async def test_agentic_tasks_over_ray_actors_keep_their_turns_and_traces(
+    tmp_path: Path, ray_cluster: str
+) -> None:
+    # tasks interleave on each actor: their calls must not take each other's ids
+    await check_agentic_traces(tmp_path, ray=ray_cluster, workers="2")
+
+
+async def test_the_ledger_keeps_interleaved_tasks_apart(tmp_path: Path) -> None:
+    # two tasks on one worker whose calls carry the same numbers, their messages interleaved:
+    # each call gets its own id, and each task log the ids of its own calls
+    from ipw_async.harness.workers import Ledger
+    from ipw_async.records import RequestRecord
+    from ipw_async.workload import TaskLog
+
+    class Run:
+        def __init__(self) -> None:
+            self.ids = iter(range(100))
+            self.records: list[RequestRecord] = []
+            self.logs: list[TaskLog] = []
+
+        def next_id(self) -> int:
+            return next(self.ids)
+
+        def started(self, record: None) -> None:
+            pass
+
+        async def kept(self, record: RequestRecord) -> None:
+            self.records.append(record)
+
+        def task_done(self, log: TaskLog) -> None:
+            self.logs.append(log)
+
+    run = Run()
+    ledger = Ledger(run)  # type: ignore[arg-type]
+
+    def call(task: int) -> RequestRecord:
+        return RequestRecord(request_id=0, query_id="q", dataset="d", prompt="p", unit_id=task, task_id=task)
+
+    def log(task: int) -> TaskLog:
+        return TaskLog(task, "q", "d", False, "p", None, 0, turns=[{"request_id": 0}])
+
+    for message in [("started", 1, 0), ("started", 2, 0), ("kept", call(2)), ("kept", call(1))]:
+        await ledger.apply(0, message)
+    await ledger.apply(0, ("task_done", log(1)))
+    await ledger.apply(0, ("task_done", log(2)))
+    assert [(r.unit_id, r.request_id) for r in run.records] == [(2, 1), (1, 0)]
+    assert [(t.task_id, t.turns[0]["request_id"]) for t in run.logs] == [(1, 0), (2, 1)]

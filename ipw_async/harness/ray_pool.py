@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import platform
@@ -40,6 +41,7 @@ class RayWorker:
         self.setup = setup
         self.client: StreamingClient | None = None
         self.running: dict[int, asyncio.Task[None]] = {}
+        self.ids = itertools.count()  # one numbering for every unit it runs: the Ledger keys on it
 
     async def clock(self) -> int:
         return now_ns()
@@ -58,7 +60,7 @@ class RayWorker:
     async def perform(self, unit: WorkUnit, scheduled_ns: int) -> list[Message]:
         assert self.client is not None
         messages: list[Message] = []
-        side = WorkerRequests(self.setup, self.client, messages.append)
+        side = WorkerRequests(self.setup, self.client, messages.append, self.ids)
         task = asyncio.get_running_loop().create_task(self.setup.workload.perform(unit, side, scheduled_ns))
         self.running[unit.unit_id] = task
         try:
@@ -189,6 +191,13 @@ class RayPool:
     async def _collect(self, index: int, ref: Any) -> None:
         try:
             messages = await ref
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the actor died (RayActorError) or its node went away
+            self.executor.stop(
+                f"Ray worker {index} failed ({type(exc).__name__}); the unit it was running is lost"
+            )
+            return
         finally:
             self._load[index] -= 1
         for message in messages:

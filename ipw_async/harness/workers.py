@@ -20,8 +20,10 @@ import itertools
 import math
 import multiprocessing
 import os
+import queue
 import signal
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -59,22 +61,50 @@ class WorkerSetup:
 Message = tuple[Any, ...]
 
 
+class Sender:
+    """Sends on a pipe from a thread of its own, in order: an event loop never blocks on a
+    full pipe (two loops each blocked sending to the other would wait forever, and a stalled
+    worker loop would stamp late). A pipe the other end closed drops what is left."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._queue: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, args=(conn,), daemon=True, name="ipw-async-sender")
+        self._thread.start()
+
+    def _run(self, conn: Connection) -> None:
+        while (message := self._queue.get()) is not None:
+            try:
+                conn.send(message)
+            except OSError:  # the other end is gone
+                return
+
+    def send(self, message: Message) -> None:
+        self._queue.put(message)
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Send what is queued, then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+
 class WorkerRequests(Requests):
     """A worker's side of the executor: what the run's would do, sent to the coordinator."""
 
-    def __init__(self, setup: WorkerSetup, client: StreamingClient, send: Callable[[Message], None]) -> None:
+    def __init__(
+        self,
+        setup: WorkerSetup,
+        client: StreamingClient,
+        send: Callable[[Message], None],
+        ids: Iterator[int],
+    ) -> None:
+        # ``ids``: this worker's own numbers, one counter for all it runs (the coordinator renumbers)
         super().__init__(
-            setup.workload,
-            client,
-            setup.model,
-            scorer=setup.scorer,
-            session=setup.session,
-            ids=itertools.count(),  # this worker's own numbers: the coordinator renumbers
+            setup.workload, client, setup.model, scorer=setup.scorer, session=setup.session, ids=ids
         )
         self.send = send
 
     def started(self, record: RequestRecord) -> None:
-        self.send(("started", record.request_id))
+        self.send(("started", record.unit_id, record.request_id))
 
     async def kept(self, record: RequestRecord) -> None:
         self.send(("kept", record))
@@ -92,17 +122,18 @@ class Ledger:
 
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
-        self._ids: dict[tuple[int, int], int] = {}  # (worker, its number) -> the run's request id
+        # (worker, unit, the worker's number) -> the run's request id
+        self._ids: dict[tuple[int, int | None, int], int] = {}
 
     async def apply(self, worker: int, message: Message) -> None:
         ex = self.executor
         kind = message[0]
         if kind == "started":
-            self._ids[(worker, message[1])] = ex.next_id()
+            self._ids[(worker, message[1], message[2])] = ex.next_id()
             ex.started(None)
         elif kind == "kept":
             record: RequestRecord = message[1]
-            key = (worker, record.request_id)
+            key = (worker, record.unit_id, record.request_id)
             # a task's calls keep their numbers until its log is renumbered too
             record.request_id = self._ids[key] if record.task_id is not None else self._ids.pop(key)
             await ex.kept(record)
@@ -111,7 +142,7 @@ class Ledger:
         elif kind == "task_done":
             log: TaskLog = message[1]
             for turn in log.turns:
-                turn["request_id"] = self._ids.pop((worker, turn["request_id"]), None)
+                turn["request_id"] = self._ids.pop((worker, log.task_id, turn["request_id"]), None)
             ex.task_done(log)
 
 
@@ -126,7 +157,8 @@ def _worker_main(setup: WorkerSetup, conn: Connection) -> None:
 async def _serve(setup: WorkerSetup, conn: Connection) -> None:
     loop = asyncio.get_running_loop()
     client = StreamingClient(setup.client, t0_ns=setup.t0_ns)
-    side = WorkerRequests(setup, client, conn.send)
+    sender = Sender(conn)
+    side = WorkerRequests(setup, client, sender.send, itertools.count())
     running: dict[int, asyncio.Task[None]] = {}
     closing = asyncio.Event()
 
@@ -136,11 +168,11 @@ async def _serve(setup: WorkerSetup, conn: Connection) -> None:
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # the coordinator raises it where the unit was awaited
-            conn.send(("failed", unit.unit_id, f"{type(exc).__name__}: {exc}"))
+            sender.send(("failed", unit.unit_id, f"{type(exc).__name__}: {exc}"))
             return
         finally:
             running.pop(unit.unit_id, None)
-        conn.send(("done", unit.unit_id))
+        sender.send(("done", unit.unit_id))
 
     def on_command() -> None:
         try:
@@ -157,7 +189,7 @@ async def _serve(setup: WorkerSetup, conn: Connection) -> None:
             closing.set()
 
     loop.add_reader(conn.fileno(), on_command)
-    conn.send(("ready",))
+    sender.send(("ready",))
     try:
         await closing.wait()
         for task in list(running.values()):
@@ -166,8 +198,8 @@ async def _serve(setup: WorkerSetup, conn: Connection) -> None:
     finally:
         loop.remove_reader(conn.fileno())
         await client.aclose()
-        with contextlib.suppress(OSError):
-            conn.send(("closed",))
+        sender.send(("closed",))
+        await asyncio.to_thread(sender.close)
 
 
 class WorkerPool:
@@ -179,6 +211,7 @@ class WorkerPool:
         self.client = client
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
+        self._senders: list[Sender] = []
         self._load: list[int] = []  # units in flight per worker
         self._pending: dict[int, tuple[int, asyncio.Future[None]]] = {}
         self._ledger = Ledger(executor)
@@ -189,6 +222,7 @@ class WorkerPool:
         self._consumer: asyncio.Task[None] | None = None
         self._ready_event = asyncio.Event()
         self._closed_event = asyncio.Event()
+        self._died_event = asyncio.Event()  # a worker ended (during start-up: it failed)
 
     async def start(self) -> None:
         ex = self.executor
@@ -219,13 +253,23 @@ class WorkerPool:
             theirs.close()
             self._procs.append(proc)
             self._conns.append(ours)
+            self._senders.append(Sender(ours))
             self._load.append(0)
             loop.add_reader(ours.fileno(), self._on_message, index)
         self._consumer = loop.create_task(self._consume())
-        try:
-            await asyncio.wait_for(self._ready_event.wait(), timeout=60)
-        except TimeoutError:
-            raise RunError("the worker processes did not start within 60 s") from None
+        ready = loop.create_task(self._ready_event.wait())
+        died = loop.create_task(self._died_event.wait())
+        await asyncio.wait({ready, died}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel()
+        died.cancel()
+        if not self._ready_event.is_set():
+            dead = [(i, p.exitcode) for i, p in enumerate(self._procs) if i in self._closed]
+            if dead:
+                raise RunError(
+                    f"worker process {dead[0][0]} exited while starting (exit code {dead[0][1]}); "
+                    "run with --workers 1 to see why"
+                )
+            raise RunError("the worker processes did not start within 60 s")
 
     def _on_message(self, index: int) -> None:
         conn = self._conns[index]
@@ -257,12 +301,17 @@ class WorkerPool:
                 if self._ready == self.count:
                     self._ready_event.set()
             elif kind == "closed":
+                if index in self._closed:
+                    continue  # its "closed", then its pipe's end
                 self._closed.add(index)
+                self._died_event.set()
                 lost = [unit_id for unit_id, (worker, _) in self._pending.items() if worker == index]
-                if not self._closing:  # it died: what it had in flight is lost, the run stops
-                    await asyncio.to_thread(self._procs[index].join, 1)
+                if not self._closing and self._ready_event.is_set():
+                    # it died: what it had in flight is lost, the run stops (no unit goes to it now)
+                    proc = self._procs[index]
+                    await asyncio.to_thread(proc.join, 1)
                     ex.stop(
-                        f"worker process {index} ended unexpectedly (exit code {self._procs[index].exitcode}); "
+                        f"worker process {index} ended unexpectedly (exit code {proc.exitcode}); "
                         f"{len(lost)} unit(s) it was running are lost"
                     )
                 for unit_id in lost:  # it will never answer for these
@@ -280,24 +329,25 @@ class WorkerPool:
         return {"processes": self.count}
 
     async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
-        index = min(range(self.count), key=self._load.__getitem__)
+        alive = [i for i in range(self.count) if i not in self._closed]
+        if not alive:
+            return  # every worker is gone: the run is stopping
+        index = min(alive, key=self._load.__getitem__)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending[unit.unit_id] = (index, future)
         self._load[index] += 1
-        self._conns[index].send(("unit", unit, scheduled_ns))
+        self._senders[index].send(("unit", unit, scheduled_ns))
         try:
             await asyncio.shield(future)
         except asyncio.CancelledError:
-            with contextlib.suppress(OSError):
-                self._conns[index].send(("cancel", unit.unit_id))
+            self._senders[index].send(("cancel", unit.unit_id))
             raise
 
     async def close(self) -> None:
         """Cancel what runs, keep every record the workers send back, and end them."""
         self._closing = True
-        for conn in self._conns:
-            with contextlib.suppress(OSError):
-                conn.send(("close",))
+        for sender in self._senders:
+            sender.send(("close",))
         if self._consumer is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closed_event.wait(), CLOSE_TIMEOUT_S)
@@ -307,9 +357,10 @@ class WorkerPool:
             self._consumer.cancel()
             await asyncio.gather(self._consumer, return_exceptions=True)
         loop = asyncio.get_running_loop()
-        for conn, proc in zip(self._conns, self._procs, strict=True):
+        for conn, proc, sender in zip(self._conns, self._procs, self._senders, strict=True):
             with contextlib.suppress(ValueError, OSError):
                 loop.remove_reader(conn.fileno())
+            await asyncio.to_thread(sender.close, 1.0)
             conn.close()
             await asyncio.to_thread(proc.join, 5)
             if proc.is_alive():

@@ -67,19 +67,25 @@ class PrometheusSource(CountedSource):
         self.counters: dict[str, CounterTracker] = {}
 
     def _scrape(self) -> str:
-        if self._conn is None:
-            self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
-        try:
-            self._conn.request("GET", self._path)
-            response = self._conn.getresponse()
-            body = response.read().decode("utf-8", "replace")
+        for attempt in (0, 1):
+            reused = self._conn is not None
+            conn = self._conn or http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+            self._conn = conn
+            try:
+                conn.request("GET", self._path)
+                response = conn.getresponse()
+                body = response.read().decode("utf-8", "replace")
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                self._conn = None
+                stale = isinstance(exc, ConnectionError | http.client.RemoteDisconnected)
+                if stale and reused and attempt == 0:
+                    continue  # a kept-alive connection the server had closed: once more, fresh
+                raise
             if response.status != 200:
                 raise http.client.HTTPException(f"HTTP {response.status}")
             return body
-        except (OSError, http.client.HTTPException):
-            self._conn.close()
-            self._conn = None
-            raise
+        raise AssertionError("unreachable")
 
     def _values(self, text: str) -> dict[str, float]:
         values: dict[str, float] = defaultdict(float)

@@ -3,8 +3,9 @@
 The agent stamps each read on its own monotonic clock. Its offset from ours is estimated from
 round trips to its ``/clock``: a stamp taken during a round trip lies within half the round
 trip of the midpoint, so the sample with the shortest round trip bounds the offset best
-(the midpoint method, best of many). Pings go with every regular read, so the estimate
-follows the clocks' drift; every reading is put on our clock with the estimate of its time.
+(the midpoint method, best of many). Pings go with the regular reads (at most one per agent
+every 20 ms), so the estimate follows the clocks' drift; every reading is put on our clock with
+the estimate of its time.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from .._clock import NS, now_ns
 from .base import Meter, Reading, SourceInfo, SourceUnavailable, TelemetrySource
 
 OPEN_PINGS = 32  # round trips before the first reading: the first estimate is already tight
-RECENT_PINGS = 64  # the best of the latest so many (minutes at 50 ms): drift stays small within
+RECENT_PINGS = 256  # the best of the latest so many: at a ping per 50 ms tick, about 13 s
+EARLY_PINGS = 256  # the best of the first so many anchors the drift estimate
+PING_EVERY_NS = 20_000_000  # an agent's sources read in one tick share a ping
+RTT_KEPT = 4096  # recent round trips kept for the median
 
 
 @dataclass(frozen=True)
@@ -34,19 +38,30 @@ class Ping:
 
 
 class ClockSync:
-    """The offset of a remote monotonic clock from ours (``remote = local + offset``)."""
+    """The offset of a remote clock from ours (``remote = local + offset``), in constant memory:
+    the recent round trips, the best of all and the best of the first few (for the drift)."""
 
     def __init__(self) -> None:
-        self.pings: list[Ping] = []
+        self.count = 0
+        self.last_ns = 0  # our clock at the last ping
         self._recent: deque[Ping] = deque(maxlen=RECENT_PINGS)
+        self._rtts: deque[int] = deque(maxlen=RTT_KEPT)
+        self._best: Ping | None = None
+        self._early: Ping | None = None
         self._lock = threading.Lock()
 
     def add(self, sent_ns: int, remote_ns: int, received_ns: int) -> None:
         mid = (sent_ns + received_ns) // 2
         ping = Ping(mid, remote_ns - mid, received_ns - sent_ns)
         with self._lock:
-            self.pings.append(ping)
+            self.count += 1
+            self.last_ns = received_ns
             self._recent.append(ping)
+            self._rtts.append(ping.rtt_ns)
+            if self._best is None or ping.rtt_ns < self._best.rtt_ns:
+                self._best = ping
+            if self.count <= EARLY_PINGS and (self._early is None or ping.rtt_ns < self._early.rtt_ns):
+                self._early = ping
 
     def best(self) -> Ping:
         """The recent round trip that bounds the offset best: the shortest."""
@@ -61,26 +76,21 @@ class ClockSync:
     def report(self) -> dict[str, Any]:
         """What ``summary.json`` says of the alignment: the offset, its bound and the drift."""
         with self._lock:
-            pings = list(self.pings)
-        if not pings:
-            return {"pings": 0}
-        best = min(pings, key=lambda p: p.rtt_ns)
-        rtt = np.array([p.rtt_ns for p in pings], dtype=float)
+            if self._best is None:
+                return {"pings": 0}
+            best, early, count = self._best, self._early, self.count
+            late = min(self._recent, key=lambda p: p.rtt_ns)
+            rtt = np.array(self._rtts, dtype=float)
         out: dict[str, Any] = {
-            "pings": len(pings),
+            "pings": count,
             "offset_ms": best.offset_ns / 1e6,
             # the true offset lies within half the best round trip of its midpoint estimate
             "uncertainty_ms": best.rtt_ns / 2e6,
             "rtt_ms": {"min": float(rtt.min()) / 1e6, "p50": float(np.median(rtt)) / 1e6},
             "method": "midpoint of the shortest round trip",
         }
-        thirds = len(pings) // 3
-        if thirds >= 8:
-            early = min(pings[:thirds], key=lambda p: p.rtt_ns)
-            late = min(pings[-thirds:], key=lambda p: p.rtt_ns)
-            span = late.local_ns - early.local_ns
-            if span > NS:
-                out["drift_ppm"] = (late.offset_ns - early.offset_ns) / span * 1e6
+        if early is not None and late.local_ns - early.local_ns > NS:
+            out["drift_ppm"] = (late.offset_ns - early.offset_ns) / (late.local_ns - early.local_ns) * 1e6
         return out
 
 
@@ -90,9 +100,9 @@ class Agent:
     def __init__(self, url: str, timeout: float = 2.0) -> None:
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme != "http" or not parts.hostname:
-            raise SourceUnavailable(f"{url!r} is not an agent URL; give one like http://gpu-host:9100")
+            raise SourceUnavailable(f"{url!r} is not an agent URL; give one like http://gpu-host:9180")
         self.url = f"http://{parts.netloc}"
-        self.label = parts.netloc  # names its channels: gpu0@gpu-host:9100
+        self.label = parts.netloc  # names its channels: gpu0@gpu-host:9180
         self._host, self._port, self._timeout = parts.hostname, parts.port or 80, timeout
         self.clock = ClockSync()
         self._local = threading.local()  # a connection per thread: the sampler's, the final read's
@@ -126,11 +136,12 @@ class Agent:
             info = self.get("/info")
             for _ in range(OPEN_PINGS):
                 self.ping()
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+            sources = [RemoteSource(self, s) for s in info["sources"]]
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
             raise SourceUnavailable(
                 f"no ipw-async agent answers at {self.url} ({exc}); start one there with `ipw-async agent`"
             ) from None
-        return [RemoteSource(self, s) for s in info["sources"]]
+        return sources
 
 
 class RemoteSource(TelemetrySource):
@@ -161,14 +172,15 @@ class RemoteSource(TelemetrySource):
     def _read(self, counters: bool) -> Reading:
         columns = [self._local(c) for c in self._info["columns"]]
         try:
-            if not counters:
+            if not counters and now_ns() - self.agent.clock.last_ns >= PING_EVERY_NS:
                 self.agent.ping()
             raw = self.agent.get(f"/read?source={self.remote_name}&counters={int(counters)}")
-        except (OSError, http.client.HTTPException, ValueError):
+            values = {self._local(c): v for c, v in raw["values"].items()}
+            stamp = int(raw["t_ns"])
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
             return Reading(dict.fromkeys(columns))
         self._events = {f"{ch}@{self.agent.label}": ev for ch, ev in raw.get("counter_events", {}).items()}
-        values = {self._local(c): v for c, v in raw["values"].items()}
-        return Reading({c: values.get(c) for c in columns}, t_ns=self.agent.clock.to_local(int(raw["t_ns"])))
+        return Reading({c: values.get(c) for c in columns}, t_ns=self.agent.clock.to_local(stamp))
 
     def read(self) -> Reading:
         return self._read(counters=False)
