@@ -17,6 +17,7 @@ import itertools
 import math
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from .._clock import now_ns
 from ..client import ClientConfig, StreamingClient
@@ -220,18 +223,45 @@ class RayPool:
 @contextlib.contextmanager
 def local_cluster(nodes: int = 2, cpus_per_node: int = 1) -> Iterator[str]:
     """A Ray cluster on loopback (a head and ``nodes - 1`` worker nodes), stopped on exit; its
-    address. For trying ``--ray`` on one machine (the tests and benchmarks do)."""
+    address. For trying ``--ray`` on one machine (the tests and benchmarks do).
+
+    Its processes are found by its own temp directory and stopped alone: ``ray stop`` would
+    stop every Ray cluster on the machine, a user's own included."""
     ray = str(Path(sys.executable).parent / "ray")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     address = f"127.0.0.1:{port}"
+    temp = f"/tmp/ipwray{port}"  # short: Ray's socket paths live under it
     common = [f"--num-cpus={cpus_per_node}", "--disable-usage-stats"]
-    head = [ray, "start", "--head", f"--port={port}", "--include-dashboard=false", *common]
+    head = [
+        ray,
+        "start",
+        "--head",
+        f"--port={port}",
+        f"--temp-dir={temp}",
+        "--include-dashboard=false",
+        *common,
+    ]
     try:
         subprocess.run(head, check=True, capture_output=True)
         for _ in range(nodes - 1):
             subprocess.run([ray, "start", f"--address={address}", *common], check=True, capture_output=True)
         yield address
     finally:
-        subprocess.run([ray, "stop", "--force"], capture_output=True)
+        ours = [
+            p for p in psutil.process_iter(["cmdline"]) if _belongs(p.info["cmdline"] or [], temp, address)
+        ]
+        for proc in ours:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        _, alive = psutil.wait_procs(ours, timeout=10)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _belongs(cmdline: list[str], temp: str, address: str) -> bool:
+    text = " ".join(cmdline)
+    return temp in text or f"={address}" in text
