@@ -28,6 +28,10 @@ from ._clock import NS
 
 DEFAULT_EXPONENT = 1.0
 MIN_R2 = 0.5  # below it, the fitted curve is noise: work is counted linearly instead
+# Fewer prompt tokens a step than this is no engine's budget (vLLM's and llama.cpp's are in
+# the thousands): steps that show no prefill time then did their prompts' work cheaply, in the
+# step of each first token, rather than all running at a budget.
+MIN_STEP_BUDGET = 64
 
 
 def step_starts(requests: pl.DataFrame, split: float = 0.5) -> np.ndarray:
@@ -128,10 +132,22 @@ def _place_prefill(steps: Steps, sent: np.ndarray, first_step: np.ndarray, token
     have = [(i, int(first_step[i])) for i in order if first_step[i] >= 0 and tokens[i] > 0]
     placed: dict[tuple[int, int], float] = {}
     prefill = np.zeros(steps.count)
+    need = float(sum(tokens[i] for i, _ in have))
+    in_window = np.zeros(steps.count, dtype=bool)  # steps some prompt could have been prefilled in
+    for i, f in have:
+        in_window[min(int(np.searchsorted(steps.start, sent[i], side="left")), f) : f + 1] = True
     for _ in range(4):  # refit the step-time model with the placement it implies
         a, b, c = _fit_duration(duration, steps.decode, prefill)
         steps.duration_fit = {"base_ms": a / 1e6, "per_decode_ms": b / 1e6, "per_prefill_token_ms": c / 1e6}
         room = np.maximum(duration - a - b * steps.decode, 0.0) / c if c > 0 else np.zeros(steps.count)
+        # Every step at its token budget looks alike in time, and the fit cannot tell base time
+        # from prompt tokens: then the steps' room cannot hold the prompts. A saturated engine
+        # serves prompts first come, first served, each in the steps just before its first
+        # token, at the capacity the prompts themselves imply.
+        capacity = need / max(int(in_window.sum()), 1)
+        saturated = room.sum() < 0.5 * need and capacity >= MIN_STEP_BUDGET
+        if saturated:
+            room = np.full(steps.count, capacity)
         prefill = np.zeros(steps.count)
         placed = {}
         for i, f in have:
@@ -139,7 +155,13 @@ def _place_prefill(steps: Steps, sent: np.ndarray, first_step: np.ndarray, token
             first = int(np.searchsorted(steps.start, sent[i], side="left"))
             window = np.arange(min(first, f), f + 1)
             free = np.maximum(room[window] - prefill[window], 0.0)
-            share = free / free.sum() if free.sum() > 0 else (window == f).astype(float)
+            if saturated:  # from its first-token step back, in the room earlier prompts left
+                back = free[::-1]
+                take = np.minimum(back, np.maximum(tokens[i] - (np.cumsum(back) - back), 0.0))
+                take[0] += tokens[i] - take.sum()
+                share = take[::-1] / tokens[i]
+            else:
+                share = free / free.sum() if free.sum() > 0 else (window == f).astype(float)
             for k, part in zip(window, tokens[i] * share, strict=True):
                 if part > 0:
                     placed[(i, int(k))] = float(part)

@@ -51,6 +51,31 @@ def test_a_long_prompt_is_placed_over_the_longer_steps_before_its_first_token() 
     assert steps.duration_fit["per_prefill_token_ms"] == pytest.approx(0.1, rel=0.2)
 
 
+def test_a_prefill_bound_engine_serves_prompts_first_come_first_served() -> None:
+    # Every step takes 50 ms and carries its 100-token budget of prompts, so step time says
+    # nothing of where prompts ran. All three arrive at 0 ms and queue: A (200 tokens) gets
+    # its first token at 100 ms, B (300) at 250 ms, C (100) at 300 ms. First come, first served,
+    # each ran in the steps just before its first token, not spread over its whole wait.
+    ends = [50.0 * k for k in range(1, 9)]  # 50 … 400 ms; D decodes a token every step
+    frame = records_frame(
+        [
+            request(0, 0.0, [100.0, 150.0], 200),
+            request(1, 0.0, [250.0, 300.0], 300),
+            request(2, 0.0, [300.0, 350.0], 100),
+            request(3, -10.0, ends, 1),
+        ]
+    ).with_columns(pl.lit(None, pl.Int64).alias("cached_prompt_tokens"))
+    steps = infer_steps(frame, step_starts(frame), np.array([200.0, 300.0, 100.0, 1.0]))
+    placed: dict[int, dict[int, float]] = {}
+    for r, k, p in zip(steps.req, steps.step, steps.entry_prefill, strict=True):
+        if p and r < 3:
+            placed.setdefault(int(r), {})[int(steps.end[k] / MS)] = p
+    # (the capacity is inferred from the prompts themselves: 100 tokens a step, to about 1%)
+    assert placed[0] == pytest.approx({50: 100, 100: 100}, rel=0.02)
+    assert placed[1] == pytest.approx({150: 100, 200: 100, 250: 100}, rel=0.02)
+    assert placed[2] == pytest.approx({300: 100}, rel=0.02)
+
+
 def synthetic(
     model: PowerModel, seed: int, prefill_share: float = 0.3
 ) -> tuple[np.ndarray, np.ndarray, Steps]:
