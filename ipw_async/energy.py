@@ -18,8 +18,9 @@ a burst of work over its period, but an idle device draws its baseline.
 Work is placed where the engine did it (:mod:`power_model`): engine steps are the bursts of
 token arrivals across all streams; a token is decode work in the step that delivered it, and a
 prompt's computed tokens are prefill work over the steps before its first token that ran longer
-than decoding alone explains (chunked prefill), else in the step of its first token. A request
-queued behind others did no work while it waited.
+than decoding alone explains (chunked prefill), else in the step of its first token; on a
+server whose every step runs at its budget, first come, first served just before the first
+token. A request queued behind others did no work while it waited.
 
 Each request also gets a band, low to high: the least and most it could have used over the
 work models the meter cannot tell apart (prefill spread or all in its last step, a prompt
