@@ -218,12 +218,11 @@ class Segments:
         return Segments(self.req, self.start, self.end, self.density + prefill_weight * self.prefill)
 
 
-def _last_step_segments(requests: pl.DataFrame) -> Segments:
+def _last_step_segments(requests: pl.DataFrame, steps: np.ndarray) -> Segments:
     """Prefill work (prompt tokens, weighed later, + the first token) all over the engine step
-    that ended with the first token, then each chunk's tokens over the gap since the previous
-    chunk: one of the placements the band spans (the other is :func:`_placed_segments`)."""
+    (``steps``: their start times) that ended with the first token, then each chunk's tokens
+    over the gap since the previous chunk: one of the placements the band spans."""
     reqs, starts, ends, weights, prompts = [], [], [], [], []
-    steps = step_starts(requests)
     cols = requests.select("sent_ns", "end_ns", "chunk_ns", "chunk_tokens", computed_prompt_tokens())
     for i, (sent, end, chunks, tokens, prompt) in enumerate(cols.iter_rows()):
         if chunks:
@@ -255,9 +254,21 @@ def _last_step_segments(requests: pl.DataFrame) -> Segments:
     return Segments(np.asarray(reqs, dtype=np.int64)[ok], s[ok], e[ok], w[ok] / dur[ok], p[ok] / dur[ok])
 
 
-def _steps(requests: pl.DataFrame) -> power_model.Steps:
-    computed = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
-    return power_model.infer_steps(requests, step_starts(requests), computed)
+@dataclass
+class _Work:
+    """What the requests did, as the client saw it: the same for every meter."""
+
+    steps: power_model.Steps  # the engine steps inferred from the token bursts
+    last_step: Segments  # each prompt's prefill all in its first token's step
+    placed: Segments  # the tokens rule's work in the inferred steps (chunked prefill spread)
+
+    @classmethod
+    def of(cls, requests: pl.DataFrame) -> _Work:
+        bursts = step_starts(requests)
+        computed = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
+        steps = power_model.infer_steps(requests, bursts, computed)
+        placed = _step_segments(requests, steps, steps.entry_decode, steps.entry_prefill, rates=False)
+        return cls(steps, _last_step_segments(requests, bursts), placed)
 
 
 def _step_segments(
@@ -275,20 +286,15 @@ def _step_segments(
     return Segments(steps.req[ok], start[ok], end[ok], (decode / dur)[ok], (prefill / dur)[ok])
 
 
-def _placed_segments(requests: pl.DataFrame) -> Segments:
-    """The tokens rule's work (a decode token 1, a prompt token weighed later) in the inferred
-    engine steps: a long prompt's prefill over the steps whose extra time held it (chunked
-    prefill under a per-step token budget), not all in the step of its first token."""
-    steps = _steps(requests)
-    return _step_segments(requests, steps, steps.entry_decode, steps.entry_prefill, rates=False)
-
-
 def _fitted_segments(
-    requests: pl.DataFrame, vc: VirtualCounter, static_w: float | None, prefill_weight: float
+    requests: pl.DataFrame,
+    steps: power_model.Steps,
+    vc: VirtualCounter,
+    static_w: float | None,
+    prefill_weight: float,
 ) -> tuple[Segments, dict[str, Any], float]:
     """Each request's share of each inferred step's modelled dynamic power; the fit's report
     and the static power to share equally (measured, else fitted)."""
-    steps = _steps(requests)
     model = power_model.fit(vc.t, np.diff(vc.e), ~vc.imputed, steps, static_w, prefill_weight)
     work = steps.decode + model.prefill_weight * steps.prefill
     entry_work = steps.entry_decode + model.prefill_weight * steps.entry_prefill
@@ -458,9 +464,10 @@ def request_windows(records: pl.DataFrame) -> pl.DataFrame:
 
 
 def attribute_meter(
-    telemetry: pl.DataFrame, meter: Meter, requests: pl.DataFrame, config: AttributionConfig
+    telemetry: pl.DataFrame, meter: Meter, requests: pl.DataFrame, config: AttributionConfig, work: _Work
 ) -> MeterResult:
-    """Attribute one meter's energy to ``requests`` (a :func:`request_windows` frame)."""
+    """Attribute one meter's energy to ``requests`` (a :func:`request_windows` frame, whose
+    ``work`` is :meth:`_Work.of` it)."""
     n = requests.height
     base_prov = {"counter": "measured", "power": "integrated", "estimate": "estimated"}[meter.kind]
     vc = virtual_counter(telemetry, meter, config.gap_factor, config.session_starts_ns)
@@ -486,13 +493,14 @@ def attribute_meter(
     baseline = _baseline_w(vc, meter, config)
     fitted: dict[str, Any] = {}
     seg_eq = _equal_segments(sent, end)
-    seg_last = _last_step_segments(requests)
-    seg_tokens = _placed_segments(requests)
+    seg_last, seg_tokens = work.last_step, work.placed
     # the device's power model, fitted to the run: the fitted rule's split, one end of every
     # rule's band, and in the summary; it describes the accelerator, not a host meter
     model: tuple[Segments, float] | None = None
     if meter.accelerator and n and config.rule != "window":
-        seg_fit, fitted, static_fit = _fitted_segments(requests, vc, baseline, config.prefill_weight)
+        seg_fit, fitted, static_fit = _fitted_segments(
+            requests, work.steps, vc, baseline, config.prefill_weight
+        )
         model = (seg_fit, static_fit)
     if config.rule == "fitted" and model is not None:
         seg_rule, baseline = model
@@ -582,7 +590,8 @@ def attribute(
     requests = request_windows(records)
     columns: dict[str, Any] = {"request_id": requests.get_column("request_id")}
     section: dict[str, Any] = {"rule": config.rule, "prefill_weight": config.prefill_weight, "meters": {}}
-    results = [attribute_meter(telemetry, m, requests, config) for m in meters]
+    work = _Work.of(requests)  # inferred once: every meter's split uses the same steps
+    results = [attribute_meter(telemetry, m, requests, config, work) for m in meters]
     for r in results:
         columns[f"{r.meter}.energy_j"] = _nullable(r.energy_j)
         columns[f"{r.meter}.provenance"] = r.provenance
