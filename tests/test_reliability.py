@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import polars as pl
@@ -29,6 +30,11 @@ from .conftest import fast_engine, quick_config
 
 def _run(*args: str) -> list[str]:
     return [sys.executable, "-m", "ipw_async", "run", "--no-dashboard", *args]
+
+
+def _finish(command: list[str], timeout: float = 60, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run a command to its end, its output kept as text."""
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 def _wait_for_records(run_dir: Path, rows: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -59,12 +65,7 @@ def test_kill_9_leaves_readable_files_no_orphan_and_a_recoverable_run(tmp_path: 
         rows = ipc.open_stream(str(run_dir / name)).read_all().num_rows
         assert rows > 0 and pl.read_ipc_stream(run_dir / name).height == rows
     assert not (run_dir / "summary.json").exists()
-    recovered = subprocess.run(
-        [sys.executable, "-m", "ipw_async", "recover", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    recovered = _finish([sys.executable, "-m", "ipw_async", "recover", str(run_dir)])
     assert recovered.returncode == 0, recovered.stderr
     assert "did not finish" in recovered.stdout and "dispatched but not on disk" in recovered.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -102,10 +103,8 @@ def _limited(kind: int, soft: int, hard: int) -> Callable[[], None]:
 def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_records(tmp_path: Path) -> None:
     # a file-size limit refuses writes as a full disk does (EFBIG rather than ENOSPC)
     run_dir = tmp_path / "full"
-    proc = subprocess.run(
+    proc = _finish(
         _run("-c", "16", "-n", "5000", "-o", str(run_dir)),
-        capture_output=True,
-        text=True,
         timeout=120,
         preexec_fn=_limited(resource.RLIMIT_FSIZE, 150_000, 150_000),
     )
@@ -123,20 +122,15 @@ def test_open_file_limit_is_raised_or_explained(tmp_path: Path) -> None:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard < 400:
         pytest.skip("this machine's hard open-file limit is below what the test raises to")
-    raised = subprocess.run(
+    raised = _finish(
         _run("-c", "200", "-n", "200", "--telemetry", "none", "-o", str(tmp_path / "raised")),
-        capture_output=True,
-        text=True,
         timeout=120,
         preexec_fn=_limited(resource.RLIMIT_NOFILE, 128, hard),
     )
     assert raised.returncode == 0, raised.stderr
     assert "raised the open-file limit from 128 to 264" in raised.stderr
-    refused = subprocess.run(
+    refused = _finish(
         _run("-c", "200", "-n", "200", "-o", str(tmp_path / "refused")),
-        capture_output=True,
-        text=True,
-        timeout=60,
         preexec_fn=_limited(resource.RLIMIT_NOFILE, 128, 128),
     )
     assert refused.returncode == 2
@@ -268,12 +262,9 @@ def test_resume_finishes_a_killed_run_on_the_same_clock(tmp_path: Path, workload
     proc.kill()
     proc.wait()
     before = read_arrow(run_dir / "records.arrow", partial_ok=True)
-    resumed = subprocess.run(
-        _run("--resume", str(run_dir), "--concurrency", "99"),  # its own settings win
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    resumed = _finish(
+        _run("--resume", str(run_dir), "--concurrency", "99"), timeout=180
+    )  # its own settings win
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr and "as session 1" in resumed.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -297,7 +288,7 @@ def test_resume_finishes_a_killed_run_on_the_same_clock(tmp_path: Path, workload
     kept = before.filter(pl.col("status") == "ok").get_column("request_id").to_list()
     assert set(kept) <= set(first.get_column("request_id").to_list()) or workload == "agentic"
     assert abs(summary["energy"]["meters"]["sim"]["conservation_error"]) < 1e-9
-    again = subprocess.run(_run("--resume", str(run_dir)), capture_output=True, text=True, timeout=60)
+    again = _finish(_run("--resume", str(run_dir)))
     assert again.returncode == 2 and "nothing to resume" in again.stderr
 
 

@@ -34,7 +34,7 @@ from ..telemetry.remote import OPEN_PINGS, ClockSync
 from ..workload import WorkUnit
 from .errors import RunError
 from .executor import Executor
-from .workers import CLOSE_TIMEOUT_S, Ledger, Message, WorkerRequests, WorkerSetup
+from .workers import CLOSE_TIMEOUT_S, Ledger, Message, WorkerRequests, WorkerSetup, run_unit
 
 
 class RayWorker:
@@ -64,14 +64,12 @@ class RayWorker:
         assert self.client is not None
         messages: list[Message] = []
         side = WorkerRequests(self.setup, self.client, messages.append, self.ids)
-        task = asyncio.get_running_loop().create_task(self.setup.workload.perform(unit, side, scheduled_ns))
-        self.running[unit.unit_id] = task
+        task = asyncio.get_running_loop().create_task(
+            run_unit(self.setup.workload, side, unit, scheduled_ns, messages.append)
+        )
+        self.running[unit.unit_id] = task  # for cancel(): the task ends with its records
         try:
             await task
-        except asyncio.CancelledError:
-            pass  # cancelled by cancel(): its records say so
-        except Exception as exc:
-            messages.append(("failed", unit.unit_id, f"{type(exc).__name__}: {exc}"))
         finally:
             self.running.pop(unit.unit_id, None)
         return messages

@@ -146,6 +146,25 @@ class Ledger:
             ex.task_done(log)
 
 
+async def run_unit(
+    workload: Workload,
+    side: WorkerRequests,
+    unit: WorkUnit,
+    scheduled_ns: int,
+    send: Callable[[Message], None],
+) -> None:
+    """A unit through the workload, then how it ended: ``done`` (cancelled too: its records
+    say so), or ``failed`` with the error, which the coordinator raises where it awaits it."""
+    try:
+        await workload.perform(unit, side, scheduled_ns)
+    except asyncio.CancelledError:
+        pass
+    except Exception as exc:
+        send(("failed", unit.unit_id, f"{type(exc).__name__}: {exc}"))
+        return
+    send(("done", unit.unit_id))
+
+
 def _worker_main(setup: WorkerSetup, conn: Connection) -> None:
     # Ctrl-C and kill signals reach the whole process group: the coordinator decides when a
     # worker stops (and a coordinator that died closes the pipe, which ends the worker).
@@ -164,15 +183,9 @@ async def _serve(setup: WorkerSetup, conn: Connection) -> None:
 
     async def perform(unit: WorkUnit, scheduled_ns: int) -> None:
         try:
-            await setup.workload.perform(unit, side, scheduled_ns)
-        except asyncio.CancelledError:
-            pass
-        except Exception as exc:  # the coordinator raises it where the unit was awaited
-            sender.send(("failed", unit.unit_id, f"{type(exc).__name__}: {exc}"))
-            return
+            await run_unit(setup.workload, side, unit, scheduled_ns, sender.send)
         finally:
             running.pop(unit.unit_id, None)
-        sender.send(("done", unit.unit_id))
 
     def on_command() -> None:
         try:
