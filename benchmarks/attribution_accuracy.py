@@ -5,8 +5,10 @@ integration and a device with telemetry dropouts that forces imputation) this ru
 simulator under load, then attributes the same telemetry with every rule and compares with
 the energy the simulated device knows each request used:
 
-- ``tokens+baseline``: the default (static power at the measured idle baseline shared
-  equally, the rest by token work); ``tokens``: all energy by token work; ``equal``;
+- ``fitted (default)``: static power at the measured idle baseline shared equally, the rest
+  by the power model fitted to the run over the engine steps inferred from token arrivals;
+  ``tokens``: the rest by token work, linearly; ``tokens, 0 W``: all energy by token work;
+  ``equal``;
 - baselines: ``total/N`` (run total ÷ request count, as AIPerf reports) and ``window``
   (each query's whole-window device energy, as sequential profilers report).
 
@@ -22,7 +24,11 @@ over a 4× range, prefill budget 512–8,192, counter 10–500 ms, prefix cachin
 workload (prompts of median 64–4,096 tokens, outputs 16–512, length sigma 0.2–1.0; closed
 loop at 1–128 or Poisson 1–24/s with a cap), 12 s of sending each. It prints each draw and
 the median and worst p95 of each method, over all draws and over those with a counter of
-100 ms or less.
+100 ms or less. Each draw's simulator also logs its steps, so two more rows say where an
+error comes from: ``sim steps+model`` splits the meter by the simulator's own steps and
+physics (what remains is the meter's resolution: no rule can do better from it), and
+``sim model`` by its physics over the steps the run inferred (what remains is that and the
+step inference; the rest of the default's error is the power model it could not know).
 
     python benchmarks/attribution_accuracy.py [--quick] [--random N [--runs DIR]] [--json out.json]
 """
@@ -44,6 +50,7 @@ import numpy as np
 
 from ipw_async import RunConfig, finalize, run_benchmark
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess, drawn_physics
+from ipw_async.sim.account import known_energy
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,9 @@ def cases(quick: bool) -> list[Case]:
     return out
 
 
+DEFAULT = "fitted (default)"  # what `ipw-async run` reports unless told otherwise
+
+
 def errors(estimate: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     rel = (estimate - truth) / truth
     return {
@@ -92,16 +102,17 @@ async def measure(engine: EngineConfig, options: dict[str, Any], run_dir: Path) 
 
 
 def score(
-    run_dir: Path, truth: dict[str, Any], steady_from: int
+    run_dir: Path, truth: dict[str, Any], steady_from: int, engine: EngineConfig | None = None
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     """Every method's errors against the truth: measured requests that succeeded, those of
     2 s or more (all where none), and the steady state (from request ``steady_from`` on, before
     the drain). Each method is the run's own finishing function with other settings (a 0 W
-    baseline: no static share, all energy by the rule)."""
+    baseline: no static share, all energy by the rule); where the simulator kept its steps
+    (``engine``: its physics), also the split its own steps and physics give."""
     methods: dict[str, dict[str, Any]] = {
-        "tokens+baseline": {},
-        "fitted": {"attribution": "fitted"},
-        "tokens": {"baseline_w": 0.0},
+        DEFAULT: {"attribution": "fitted"},
+        "tokens": {"attribution": "tokens"},
+        "tokens, 0 W": {"attribution": "tokens", "baseline_w": 0.0},
         "equal": {"attribution": "equal"},
         "window": {"attribution": "window"},
     }
@@ -151,13 +162,23 @@ def score(
                 )
             ),
         }
-    est = np.full(true.size, total / true.size)
-    rows["total/N"] = {
-        "conservation": 0.0,
-        "long": errors(est[long], true[long]) if long.any() else None,
-        "steady": errors(est[steady], true[steady]) if steady.sum() >= 5 else None,
-        "all": errors(est, true),
-    }
+
+    def unconstrained(est: np.ndarray) -> dict[str, Any]:
+        return {
+            "conservation": 0.0,
+            "long": errors(est[long], true[long]) if long.any() else None,
+            "steady": errors(est[steady], true[steady]) if steady.sum() >= 5 else None,
+            "all": errors(est, true),
+        }
+
+    rows["total/N"] = unconstrained(np.full(true.size, total / true.size))
+    if engine is not None and "steps" in truth:
+        # the simulator's own steps and physics in place of the run's inferences: what is left
+        # is the meter's resolution (logged steps), or that and the inferred steps
+        ids = raw.get_column("request_id").to_numpy()[keep]
+        known = known_energy(run_dir, truth, engine)
+        for name, key in (("sim steps+model", "logged steps"), ("sim model", "inferred steps")):
+            rows[name] = unconstrained(np.array([known[key][i] for i in ids]))
     return rows, true, long
 
 
@@ -203,7 +224,7 @@ class Draw:
     @classmethod
     def of(cls, seed: int) -> Draw:
         rng = random.Random(10_000 + seed)  # the workload's own stream, apart from the physics'
-        engine = drawn_physics(seed)
+        engine = drawn_physics(seed, record_steps=True)
         options: dict[str, Any] = {
             "dataset": "synthetic",
             "prompt_tokens": round(math.exp(rng.uniform(math.log(64), math.log(4096)))),
@@ -249,7 +270,7 @@ async def run_draw(draw: Draw, runs: Path) -> dict[str, Any]:
     else:
         _, truth = await measure(draw.engine, draw.options, run_dir)
         saved.write_text(json.dumps(truth))
-    rows, true, long = score(run_dir, truth, steady_from=draw.steady_from)
+    rows, true, long = score(run_dir, truth, steady_from=draw.steady_from, engine=draw.engine)
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
         "case": draw.label,
@@ -259,9 +280,6 @@ async def run_draw(draw: Draw, runs: Path) -> dict[str, Any]:
         "sampler_lateness_p99_ms": summary["telemetry"]["sampler"]["lateness_ms"]["p99"],
         "methods": rows,
     }
-
-
-DEFAULT = "tokens+baseline"  # the run's own settings: what `ipw-async run` reports
 
 
 def p95(method: dict[str, Any]) -> float:

@@ -8,19 +8,21 @@ the static part (baseline × dt) is shared equally among active requests and onl
 the rule. Where telemetry has a gap, or does not reach a request's window, ΔE is imputed from
 mean power and the request's provenance says so. Sums are exact: attributed + idle = total.
 
-The meter only knows energy per knot interval (one counter update, ~100 ms), while an engine
-step is ~20 ms and a prefill step draws more than a decode step. So the token rule's share of a
-knot interval is pooled and split by each request's work in the whole knot interval: power
-follows work inside it, instead of being flat in time (the equal rule stays per piece). With a
-baseline, the energy above it in the interval's idle parts is pooled too: the counter spreads
-a burst of work over its period, but an idle device draws its baseline.
+The meter only knows energy per knot interval (one counter update, ~10–100 ms), while an
+engine step is ~20 ms and a prefill step draws more than a decode step. So the work rules
+pool a knot interval's share and split it by each request's work in the whole interval:
+power follows work inside it, instead of being flat in time (the equal rule stays per piece).
+With a baseline, the energy above it in the interval's idle parts is pooled too: the counter
+spreads a burst of work over its period, but an idle device draws its baseline.
 
 Work is placed where the engine did it (:mod:`power_model`): engine steps are the bursts of
-token arrivals across all streams; a token is decode work in the step that delivered it, and a
-prompt's computed tokens are prefill work over the steps before its first token that ran longer
-than decoding alone explains (chunked prefill), else in the step of its first token; on a
-server whose every step runs at its budget, first come, first served just before the first
-token. A request queued behind others did no work while it waited.
+token arrivals across all streams; a token is decode work in the step that delivered it, and
+a prompt's computed tokens are prefill work in the steps before its first token that ran
+longer than decoding alone explains, first come, first served. A request queued behind
+others did no work while it waited. The default rule, ``fitted``, weighs each step by the
+device's power model fitted to the run (static power, a concave curve in work up to a power
+cap, a prompt token's weight), so a light step gets its due share of a reading that also
+holds a heavy one; ``tokens`` counts work linearly, a prompt token at ``prefill_weight``.
 
 Each request also gets a band, low to high: the least and most it could have used over the
 work models the meter cannot tell apart (prefill spread or all in its last step, a prompt
@@ -45,15 +47,15 @@ from .records import end_ns
 from .telemetry.base import Meter
 from .telemetry.cadence import PROBE_INTERVAL_NS, CounterGrid, last_updates
 
-RULES = ("tokens", "fitted", "equal", "window")
+RULES = ("fitted", "tokens", "equal", "window")
 # the prefill weights a band spans: a prompt token costs from a tenth to 1.5 output tokens on
 # the servers we know (batched prefill is cheaper per token than a decode step)
-BAND_PREFILL_WEIGHTS = (0.1, 1.5)
+BAND_PREFILL_WEIGHTS = (power_model.LEAST_PREFILL_WEIGHT, power_model.MOST_PREFILL_WEIGHT)
 
 
 @dataclass(frozen=True)
 class AttributionConfig:
-    rule: str = "tokens"
+    rule: str = "fitted"
     # a prompt token's work relative to an output token (prefill is batched, so cheaper per token)
     prefill_weight: float = 0.25
     baseline_w: float | None = None  # given idle power for accelerator meters
@@ -286,6 +288,16 @@ def _step_segments(
     return Segments(steps.req[ok], start[ok], end[ok], (decode / dur)[ok], (prefill / dur)[ok])
 
 
+def _model_segments(
+    requests: pl.DataFrame, steps: power_model.Steps, model: power_model.PowerModel
+) -> Segments:
+    """Each request's share of each step's modelled dynamic power (W), by its work in the step."""
+    work = steps.decode + model.prefill_weight * steps.prefill
+    entry_work = steps.entry_decode + model.prefill_weight * steps.entry_prefill
+    power = model.dynamic_w(work)[steps.step] * _safe_div(entry_work, work[steps.step])
+    return _step_segments(requests, steps, power, np.zeros_like(power), rates=True)
+
+
 def _fitted_segments(
     requests: pl.DataFrame,
     steps: power_model.Steps,
@@ -296,12 +308,31 @@ def _fitted_segments(
     """Each request's share of each inferred step's modelled dynamic power; the fit's report
     and the static power to share equally (measured, else fitted)."""
     model = power_model.fit(vc.t, np.diff(vc.e), ~vc.imputed, steps, static_w, prefill_weight)
-    work = steps.decode + model.prefill_weight * steps.prefill
-    entry_work = steps.entry_decode + model.prefill_weight * steps.entry_prefill
-    power = model.dynamic_w(work)[steps.step] * _safe_div(entry_work, work[steps.step])
     report = model.as_dict() | {"step_time": steps.duration_fit, "steps": steps.count}
-    segments = _step_segments(requests, steps, power, np.zeros_like(power), rates=True)
-    return segments, report, model.static_w
+    return _model_segments(requests, steps, model), report, model.static_w
+
+
+def split_known(
+    telemetry: pl.DataFrame,
+    meter: Meter,
+    requests: pl.DataFrame,
+    steps: power_model.Steps,
+    model: power_model.PowerModel,
+    config: AttributionConfig,
+) -> np.ndarray:
+    """Each request's energy from ``meter`` when the engine's steps and the device's power model
+    are known rather than inferred (a simulator's own account): the same pooled split of every
+    meter interval, so what remains against the truth is what the meter could not resolve.
+    ``requests`` is a :func:`request_windows` frame; static power is ``model.static_w``."""
+    vc = virtual_counter(telemetry, meter, config.gap_factor, config.session_starts_ns)
+    if vc is None or not requests.height:
+        return np.full(requests.height, np.nan)
+    sent = requests.get_column("sent_ns").to_numpy().astype(float)
+    end = requests.get_column("end_ns").to_numpy().astype(float)
+    vc = extend_counter(vc, float(sent.min()), float(end.max()))
+    segments = _model_segments(requests, steps, model)
+    timeline = _Timeline(vc, _equal_segments(sent, end), [segments], requests.height)
+    return timeline.split(segments, model.static_w, pooled=True)[0]
 
 
 def _equal_segments(sent: np.ndarray, end: np.ndarray) -> Segments:
@@ -388,8 +419,9 @@ class _Timeline:
 
     def split(
         self, seg_rule: Segments, baseline: float | None, *, pooled: bool, d_e: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, float]:
-        """Each request's energy, the part of it imputed, and the idle energy: static
+    ) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """Each request's energy, the part of it imputed, the idle energy, and the energy of
+        idle stretches given to the work in their meter interval (pooled, below): static
         (``baseline`` W) equally among the active requests, the rest by ``seg_rule``'s weights,
         equally where the rule sees no work.
 
@@ -424,8 +456,8 @@ class _Timeline:
         imputed = _share(seg_rule, ia_r, ib_r, by_rule * self.imputed, self.n) + _share(
             seg_eq, ia_eq, ib_eq, by_equal * self.imputed, self.n
         )
-        idle = float(np.sum(d_e[idle_iv]) - np.sum(dynamic[moved]))
-        return energy, imputed, idle
+        pooled_idle = float(np.sum(dynamic[moved]))
+        return energy, imputed, float(np.sum(d_e[idle_iv])) - pooled_idle, pooled_idle
 
 
 def _band(
@@ -510,7 +542,9 @@ def attribute_meter(
         seg_rule = seg_eq
     extra = [] if model is None else [model[0]]
     timeline = _Timeline(vc, seg_eq, [seg_rule, seg_last, seg_tokens, *extra], n)
-    energy, imputed_part, idle = timeline.split(seg_rule, baseline, pooled=config.rule != "equal")
+    energy, imputed_part, idle, pooled_idle = timeline.split(
+        seg_rule, baseline, pooled=config.rule != "equal"
+    )
     window = np.interp(end, vc.t, vc.e) - np.interp(sent, vc.t, vc.e)
     if config.rule == "window":
         energy = window
@@ -541,6 +575,8 @@ def attribute_meter(
             "imputed_j": total - measured_j,
             "attributed_j": attributed,
             "idle_j": idle,
+            # of the energy while no request was in flight, what went to the work in its reading
+            "idle_to_work_j": pooled_idle,
             "conservation_error": (attributed + idle - total) / total if total else None,
             "window_sum_j": float(window.sum()),
             "window_overcount": float(window.sum()) / (total - idle) if total - idle > 0 else None,

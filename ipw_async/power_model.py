@@ -5,8 +5,8 @@ step, so token arrivals across all streams come in bursts, one per step. A reque
 each step whose burst brings it a token, and prefills its computed prompt tokens (prompt less
 what the prefix cache held) in the steps before its first token: under a per-step token
 budget, a long prompt takes several steps, and those steps run longer than their decoding
-alone explains. So step times are fitted as ``a + b·decoders + c·prefill tokens`` and each
-prompt is placed, latest first, in the steps whose extra time can hold it.
+alone explains. So step times are fitted as ``a + b·decoders + c·prefill tokens`` and the
+prompts are placed first come, first served in the room the steps' extra time leaves.
 
 Then the meter's energy in each of its intervals is fitted as static power plus, over the
 steps in it, ``scale · (decode tokens + w · prefill tokens) ** exponent`` × step time. The
@@ -32,6 +32,21 @@ MIN_R2 = 0.5  # below it, the fitted curve is noise: work is counted linearly in
 # the thousands): steps that show no prefill time then did their prompts' work cheaply, in the
 # step of each first token, rather than all running at a budget.
 MIN_STEP_BUDGET = 64
+# The shortest steps, as a low percentile of inter-token latency rather than its least: a
+# stream whose reads fell behind catches up with near-zero gaps (well under 0.1% of them in
+# our runs), and a burst split at those would cut every step apart.
+SHORT_STEP_PERCENTILE = 2.0
+# A prompt token's weight where the run cannot tell it because its prefill ran at the power
+# cap: a device at its cap is compute-bound, and a prompt token takes the same FLOPs as a
+# decode token (about 2 × parameters), so they weigh alike. Below the cap decode is
+# memory-bound and a decode token costs more: there the fit finds the weight itself.
+CAPPED_PREFILL_WEIGHT = 1.0
+# the least and most a prompt token weighs against a decode token on the servers we know
+LEAST_PREFILL_WEIGHT, MOST_PREFILL_WEIGHT = 0.1, 1.5
+# Where more prefill than this ran at the cap even at that least weight, the run cannot tell a
+# prompt token's weight. (At half, the default simulator at 256 streams, whose prompts
+# mostly cap but whose lighter prefill steps identify the weight to 10%, was refused it.)
+CAPPED_SHARE = 0.75
 
 
 def step_starts(requests: pl.DataFrame, split: float = 0.5) -> np.ndarray:
@@ -39,14 +54,16 @@ def step_starts(requests: pl.DataFrame, split: float = 0.5) -> np.ndarray:
 
     A continuous-batching server emits one token for every running sequence at the end of each
     step, so token arrivals across all requests come in bursts; a burst starts where arrivals
-    pause for more than ``split`` × the median inter-token latency.
+    pause for more than ``split`` × the shortest step, the inter-token latency's
+    ``SHORT_STEP_PERCENTILE``-th percentile. (Half the *median* step merged a short decode step
+    into the next one wherever most steps carried a long prefill.)
     """
     arrivals = np.unique(requests.get_column("chunk_ns").explode().drop_nulls().to_numpy().astype(float))
     if arrivals.size == 0:
         return arrivals
     itl = requests.get_column("itl_s").explode().drop_nulls().to_numpy()
     itl = itl[itl > 0]
-    pause = split * float(np.median(itl)) * NS if itl.size else 0.0
+    pause = split * float(np.percentile(itl, SHORT_STEP_PERCENTILE)) * NS if itl.size else 0.0
     return arrivals[np.concatenate(([True], np.diff(arrivals) > pause))]
 
 
@@ -107,8 +124,8 @@ def infer_steps(requests: pl.DataFrame, bursts: np.ndarray, prefill_tokens: np.n
     busy_before[np.asarray(step_idx, dtype=int)] = True
     for k in np.flatnonzero(~np.concatenate(([False], busy_before[:-1]))):
         arrivals = sent[(first_step == k) & (sent < end[k])]
-        if arrivals.size:
-            start[k] = max(start[k], float(arrivals.min()))
+        if arrivals.size:  # the first step has no burst before it: only the typical guess
+            start[k] = float(arrivals.min()) if k == 0 else max(start[k], float(arrivals.min()))
     steps = Steps(
         start,
         end,
@@ -124,48 +141,56 @@ def infer_steps(requests: pl.DataFrame, bursts: np.ndarray, prefill_tokens: np.n
 
 
 def _place_prefill(steps: Steps, sent: np.ndarray, first_step: np.ndarray, tokens: np.ndarray) -> None:
-    """Each prompt over the steps from its arrival to its first token, in proportion to
-    the room their extra time (over decode alone) leaves after the prompts that finished
-    first; with no room anywhere, in the first-token step."""
+    """Each prompt in the room the steps' extra time (over decode alone) leaves, first come,
+    first served as the engines we know schedule prefill (vLLM, SGLang, TGI): prompts in the
+    order of their first tokens, each from the first step after its arrival, and no earlier
+    than the first-token step of the prompt served before it (a request queued for a batch
+    slot does no work), taking what room earlier prompts left, its first-token step taking
+    whatever remains.
+
+    (Spreading a prompt over all its wait in proportion to the room put much of it in steps
+    that were busy with the prompts queued ahead of it.)"""
     duration = steps.end - steps.start
     order = np.argsort(first_step, kind="stable")
     have = [(i, int(first_step[i])) for i in order if first_step[i] >= 0 and tokens[i] > 0]
     placed: dict[tuple[int, int], float] = {}
     prefill = np.zeros(steps.count)
     need = float(sum(tokens[i] for i, _ in have))
+    # a request joins the batch at the first step that starts after it arrived
+    windows = [
+        np.arange(min(int(np.searchsorted(steps.start, sent[i], side="left")), f), f + 1) for i, f in have
+    ]
     in_window = np.zeros(steps.count, dtype=bool)  # steps some prompt could have been prefilled in
-    for i, f in have:
-        in_window[min(int(np.searchsorted(steps.start, sent[i], side="left")), f) : f + 1] = True
+    for window in windows:
+        in_window[window] = True
     for _ in range(4):  # refit the step-time model with the placement it implies
         a, b, c = _fit_duration(duration, steps.decode, prefill)
         steps.duration_fit = {"base_ms": a / 1e6, "per_decode_ms": b / 1e6, "per_prefill_token_ms": c / 1e6}
-        room = np.maximum(duration - a - b * steps.decode, 0.0) / c if c > 0 else np.zeros(steps.count)
+        # a per-token cost that explains under 1% of a step is the fit's float residue: no room
+        typical = float(prefill[prefill > 0].mean()) if prefill.any() else 0.0
+        timed = c * typical >= 0.01 * float(np.median(duration))
+        room = np.maximum(duration - a - b * steps.decode, 0.0) / c if timed else np.zeros(steps.count)
         # Every step at its token budget looks alike in time, and the fit cannot tell base time
-        # from prompt tokens: then the steps' room cannot hold the prompts. A saturated engine
-        # serves prompts first come, first served, each in the steps just before its first
-        # token, at the capacity the prompts themselves imply.
+        # from prompt tokens: then the steps' room cannot hold the prompts. The prompts
+        # themselves then say what a step holds: all of them over the steps they waited in.
         capacity = need / max(int(in_window.sum()), 1)
-        saturated = room.sum() < 0.5 * need and capacity >= MIN_STEP_BUDGET
-        if saturated:
+        if room.sum() < 0.5 * need and capacity >= MIN_STEP_BUDGET:
             room = np.full(steps.count, capacity)
         prefill = np.zeros(steps.count)
         placed = {}
-        for i, f in have:
-            # a request joins the batch at the first step that starts after it arrived
-            first = int(np.searchsorted(steps.start, sent[i], side="left"))
-            window = np.arange(min(first, f), f + 1)
+        served = -1  # where the prompt served before this one got its first token
+        for (i, f), window in zip(have, windows, strict=True):
+            window = window[window >= min(served, f)]
+            served = f
             free = np.maximum(room[window] - prefill[window], 0.0)
-            if saturated:  # from its first-token step back, in the room earlier prompts left
-                back = free[::-1]
-                take = np.minimum(back, np.maximum(tokens[i] - (np.cumsum(back) - back), 0.0))
-                take[0] += tokens[i] - take.sum()
-                share = take[::-1] / tokens[i]
-            else:
-                share = free / free.sum() if free.sum() > 0 else (window == f).astype(float)
-            for k, part in zip(window, tokens[i] * share, strict=True):
+            free[free < 1.0] = 0.0  # less than a token: a step filled to its room
+            take = np.minimum(free, np.maximum(tokens[i] - (np.cumsum(free) - free), 0.0))
+            take[-1] += tokens[i] - take.sum()
+            for k, part in zip(window, take, strict=True):
                 if part > 0:
                     placed[(i, int(k))] = float(part)
                     prefill[k] += part
+
     steps.prefill = prefill
     extra_req = np.array([i for i, _ in placed], dtype=int)
     extra_step = np.array([k for _, k in placed], dtype=int)
@@ -331,14 +356,24 @@ def fit(
         w, gamma, cap = default_prefill_weight, DEFAULT_EXPONENT, float("inf")
     else:
         error = _standard_errors(result.jac, result.fun)
-        raw = scale_w * np.power(np.maximum(work, 1e-9), gamma)
+        # at the cap even were a prompt token worth little: the weight found is not the run's
+        least = steps.decode + min(w, LEAST_PREFILL_WEIGHT) * steps.prefill
+        raw = scale_w * np.power(np.maximum(least, 1e-9), gamma)
         capped = float(steps.prefill[raw >= cap].sum()) / max(float(steps.prefill.sum()), 1e-9)
-        if lo[2] * 1.001 < hi[2] and capped > 0.5:
+        if lo[2] * 1.001 < hi[2] and capped > CAPPED_SHARE:
             # a step at the power cap draws the same power whatever its prefill: the weight
             # the fit found there is an artefact of the rest of the model
             notes.append(
                 f"prefill weight not identified ({capped:.0%} of prefill ran at the power cap): "
-                f"default {default_prefill_weight:g} kept"
+                f"{CAPPED_PREFILL_WEIGHT:g} taken, as compute-bound tokens cost alike"
+            )
+            w = CAPPED_PREFILL_WEIGHT
+        elif lo[2] * 1.001 < hi[2] and not LEAST_PREFILL_WEIGHT <= w <= MOST_PREFILL_WEIGHT:
+            # outside what a prompt token weighs on any server we know: the fit has made up for
+            # something else (a misplaced prompt, the meter's timing)
+            notes.append(
+                f"prefill weight not identified (the fit's {w:.2g} is outside "
+                f"{LEAST_PREFILL_WEIGHT:g}–{MOST_PREFILL_WEIGHT:g}): default {default_prefill_weight:g} kept"
             )
             w = default_prefill_weight
         elif lo[2] * 1.001 < hi[2] and error[2] > 0.5 * max(w, 0.1):

@@ -152,9 +152,11 @@ def test_energy_breakdown_of_a_real_run_adds_up(sweep: SweepResult) -> None:
     assert summary is not None
     sim = report["meters"]["sim"]
     assert abs(sim["deviation"]) < 1e-9
-    # idle is "no request in flight", the same rule the attribution uses
+    # idle is "no request in flight", the same rule the attribution uses: what it left idle
+    # and what it gave the work of the same meter reading
+    attributed = summary["energy"]["meters"]["sim"]
     assert sim["phases"]["idle"]["energy_j"] == pytest.approx(
-        summary["energy"]["meters"]["sim"]["idle_j"], rel=1e-6
+        attributed["idle_j"] + attributed["idle_to_work_j"], rel=1e-6
     )
     assert sim["phases"]["prefill"]["energy_j"] > 0 and sim["phases"]["decode"]["energy_j"] > 0
 

@@ -149,10 +149,10 @@ def test_baseline_splits_static_equally_and_dynamic_by_tokens() -> None:
     # same window, one request produces 3x the tokens of the other
     recs = records([(100, 110, 90), (100, 110, 30)])
     recs = recs.with_columns(pl.col("closed_ns").max())  # both stay until the longer one ends
-    all_static, _ = attribute(tel, [POWER], recs, AttributionConfig(baseline_w=100.0))
+    all_static, _ = attribute(tel, [POWER], recs, AttributionConfig(rule="tokens", baseline_w=100.0))
     e = all_static.get_column("energy_j").to_numpy()
     assert e[0] == pytest.approx(e[1], rel=1e-9)  # all power is static: shared equally
-    no_baseline, _ = attribute(tel, [POWER], recs, AttributionConfig())
+    no_baseline, _ = attribute(tel, [POWER], recs, AttributionConfig(rule="tokens"))
     e = no_baseline.get_column("energy_j").to_numpy()
     assert e[0] > 1.5 * e[1]  # all dynamic: by tokens
 
@@ -175,7 +175,7 @@ def test_prefill_is_charged_to_the_step_that_ended_with_the_first_token() -> Non
     # B is sent with A but queues behind it: its first token comes at 300 ms, in A's 30th step;
     # every step takes 10 ms, so none had room for B's prompt before then
     recs = records([(0, 10, 40), (0, 300, 11)], prompt_tokens=40)
-    out, _ = attribute(tel, [POWER], recs, AttributionConfig(prefill_weight=0.25))
+    out, _ = attribute(tel, [POWER], recs, AttributionConfig(rule="tokens", prefill_weight=0.25))
     b = out.get_column("energy_j")[1]
     # nothing of A's work before 290 ms; in the 290–300 ms step B's prefill (10; its first
     # token comes with it) against A's one token; then one token each per step; and the last
@@ -184,17 +184,19 @@ def test_prefill_is_charged_to_the_step_that_ended_with_the_first_token() -> Non
 
 
 def test_a_long_prompt_is_prefilled_over_the_steps_that_ran_long() -> None:
-    # A decodes in 10 ms steps but for two that took 30 ms: B, sent at 35 ms, prefilled its
-    # 400-token prompt in them (a 200-token step budget) before its first token at 100 ms
+    # A (a 4-token prompt) decodes in 10 ms steps but for two that took 30 ms: B, sent at
+    # 35 ms, prefilled its 400-token prompt in them (a 200-token step budget) before its
+    # first token at 100 ms
     t = np.arange(0, 301, 5, dtype=float)
     tel = telemetry(t, power=np.full(t.size, 100.0))
     a_chunks = [10, 20, 30, 40, 70, 100, 110, 120, 130, 140]
     recs = records([(0, 10, 10), (35, 100, 5)], prompt_tokens=400).with_columns(
+        pl.Series("prompt_tokens", [4, 400]),
         pl.Series("chunk_ns", [[c * MS for c in a_chunks], [c * MS for c in range(100, 141, 10)]]),
         pl.lit(140 * MS).alias("last_token_ns"),
         pl.lit(141 * MS).alias("closed_ns"),
     )
-    out, _ = attribute(tel, [POWER], recs, AttributionConfig(prefill_weight=0.25))
+    out, _ = attribute(tel, [POWER], recs, AttributionConfig(rule="tokens", prefill_weight=0.25))
     b = out.get_column("energy_j")[1]
     # each long step (3 J): B's 200 prompt tokens (50 units) against A's one token; then a
     # token each per 10 ms step (1 J); the last millisecond equally
@@ -207,7 +209,7 @@ def test_within_one_meter_interval_energy_follows_work_not_time() -> None:
     tel = telemetry(np.array([100.0, 210.0]), power=np.array([300.0, 300.0]))  # one 33 J interval
     # A: a prefill step then a token every 10 ms; B arrives mid-way and prefills in 150–160 ms
     recs = records([(100, 110, 10), (140, 160, 5)], prompt_tokens=36)
-    out, section = attribute(tel, [POWER], recs, AttributionConfig(prefill_weight=0.25))
+    out, section = attribute(tel, [POWER], recs, AttributionConfig(rule="tokens", prefill_weight=0.25))
     a, b = out.get_column("energy_j").to_list()
     # 100–200 ms (30 J) by work: A 9 prefill units (its first token comes with them) + 9
     # tokens, B 9 + 4; then 200–201 ms equally
@@ -221,7 +223,7 @@ def test_prompt_tokens_from_the_servers_prefix_cache_cost_no_prefill() -> None:
     recs = records([(100, 110, 10), (140, 160, 5)], prompt_tokens=36)
     # B's prompt was all in the cache but 4 tokens: 1 prefill unit instead of 9
     recs = recs.with_columns(pl.Series("cached_prompt_tokens", [None, 32], dtype=pl.Int64))
-    out, _ = attribute(tel, [POWER], recs, AttributionConfig(prefill_weight=0.25))
+    out, _ = attribute(tel, [POWER], recs, AttributionConfig(rule="tokens", prefill_weight=0.25))
     a, b = out.get_column("energy_j").to_list()
     assert a == pytest.approx(30 * 18 / 23 + 0.15, rel=1e-9)
     assert b == pytest.approx(30 * 5 / 23 + 0.15, rel=1e-9)
@@ -240,8 +242,12 @@ def test_a_counter_period_of_mostly_idle_goes_to_the_work_in_it_above_the_baseli
     # request gets its static share (11 ms × 100 W) and all the energy above the baseline
     assert e == pytest.approx(1.1 + (20.0 - 100 * 0.0995), rel=1e-9)
     assert section["meters"]["dev"]["idle_j"] == pytest.approx(30.0 - e, rel=1e-9)
-    # without a baseline nothing tells idle from work: the request keeps its own time's share
-    out, _ = attribute(tel, [COUNTER], recs, AttributionConfig())
+    # what was above the baseline while nothing ran, and went to the request, is reported
+    above = 20.0 - 100 * 0.0995
+    assert section["meters"]["dev"]["idle_to_work_j"] == pytest.approx(above * 88.5 / 99.5, rel=1e-9)
+    # without a baseline the tokens rule cannot tell idle from work: the request keeps its
+    # own time's share
+    out, _ = attribute(tel, [COUNTER], recs, AttributionConfig(rule="tokens"))
     assert out.get_column("energy_j")[0] == pytest.approx(20.0 * 11 / 99.5, rel=1e-9)
 
 

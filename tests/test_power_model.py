@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from ipw_async.energy import step_starts
-from ipw_async.power_model import PowerModel, Steps, fit, infer_steps
+from ipw_async.power_model import CAPPED_PREFILL_WEIGHT, PowerModel, Steps, fit, infer_steps
 from ipw_async.records import RequestRecord, records_frame
 
 MS = 1_000_000
@@ -30,6 +30,15 @@ def request(i: int, sent_ms: float, chunks_ms: list[float], prompt: int) -> Requ
         prompt_tokens=prompt,
         usage_output_tokens=len(chunks),
     )
+
+
+def test_short_steps_among_long_ones_are_steps_of_their_own() -> None:
+    # most steps carry a prefill and take 45 ms; every third decodes alone in 20 ms. Two
+    # streams read each step's token (the second 0.3 ms later): one burst per step, the short
+    # ones included (half the median step, 22.5 ms, merged each 20 ms step into the next)
+    ends = np.cumsum([45.0, 45.0, 20.0] * 10)
+    frame = records_frame([request(0, 0.0, ends.tolist(), 10), request(1, 0.0, (ends + 0.3).tolist(), 10)])
+    assert step_starts(frame) / MS == pytest.approx(ends)
 
 
 def test_a_long_prompt_is_placed_over_the_longer_steps_before_its_first_token() -> None:
@@ -62,7 +71,7 @@ def test_a_prefill_bound_engine_serves_prompts_first_come_first_served() -> None
             request(0, 0.0, [100.0, 150.0], 200),
             request(1, 0.0, [250.0, 300.0], 300),
             request(2, 0.0, [300.0, 350.0], 100),
-            request(3, -10.0, ends, 1),
+            request(3, 0.0, ends, 1),
         ]
     ).with_columns(pl.lit(None, pl.Int64).alias("cached_prompt_tokens"))
     steps = infer_steps(frame, step_starts(frame), np.array([200.0, 300.0, 100.0, 1.0]))
@@ -143,5 +152,18 @@ def test_a_prefill_weight_hidden_by_the_power_cap_is_not_claimed() -> None:
     )
     assert model.cap_w == pytest.approx(400.0, rel=0.02)
     assert model.exponent == pytest.approx(0.8, rel=0.05)
-    assert model.prefill_weight == 0.25
+    # the stated weight of compute-bound tokens, not the fit's artefact, and the note says so
+    assert model.prefill_weight == CAPPED_PREFILL_WEIGHT
     assert any("ran at the power cap" in n for n in model.notes)
+
+
+def test_a_weight_below_the_cap_is_found_though_a_heavy_step_reaches_it() -> None:
+    # a prompt token worth 0.3: 79% of prefill ran at the 400 W cap, but the steps whose
+    # prompts were light enough to stay below it say what a prompt token weighs
+    truth = PowerModel(static_w=60.0, scale_w=3.0, prefill_weight=0.3, exponent=0.9, cap_w=400.0)
+    knots, energy, steps = synthetic(truth, seed=5, prefill_share=0.3)
+    model = fit(
+        knots, energy, np.ones(energy.size, dtype=bool), steps, static_w=None, default_prefill_weight=0.25
+    )
+    assert model.prefill_weight == pytest.approx(0.3, rel=0.05)
+    assert not any("power cap" in n for n in model.notes)

@@ -91,12 +91,13 @@ def finalize_command(
     ],
     attribution: Annotated[
         str | None,
-        typer.Option(help="Attribution rule: tokens, fitted, equal or window. Default: the run's own."),
+        typer.Option(help="Attribution rule: fitted, tokens, equal or window. Default: the run's own."),
     ] = None,
     prefill_weight: Annotated[
         float | None,
         typer.Option(
-            help="tokens rule: work of a prompt token relative to an output token. Default: the run's."
+            help="Work of a prompt token relative to an output token (the tokens rule's; the fitted "
+            "rule's where the run cannot identify it). Default: the run's."
         ),
     ] = None,
     baseline_w: Annotated[

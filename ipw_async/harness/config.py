@@ -268,14 +268,19 @@ class RunConfig:
         default=None, metadata=option("Idle accelerator power in watts, instead of measuring it.")
     )
     attribution: str = field(
-        default="tokens",
+        default="fitted",
         metadata=option(
-            "How overlapping queries share energy: tokens (by work), fitted (experimental: by a power model "
-            "fitted to the run over inferred engine steps), equal, or window (whole-window, over-counts)."
+            "How overlapping queries share energy: fitted (by a power model fitted to the run over "
+            "the engine steps inferred from token arrivals), tokens (by token work, linearly), "
+            "equal, or window (whole-window, over-counts)."
         ),
     )
     prefill_weight: float = field(
-        default=0.25, metadata=option("tokens rule: work of a prompt token relative to an output token.")
+        default=0.25,
+        metadata=option(
+            "Work of a prompt token relative to an output token: the tokens rule's, and the fitted "
+            "rule's where the run cannot identify it."
+        ),
     )
     tail_s: float = 0.5  # telemetry kept after the last request, so its energy is covered
     abort_after_connect_errors: int = 16

@@ -60,7 +60,7 @@ def finalize(
     run_dir = Path(run_dir)
     manifest = Manifest.read(run_dir)
     records = read_records(run_dir)
-    telemetry = _read_telemetry(run_dir, manifest)
+    telemetry = read_telemetry(run_dir, manifest)
     config = manifest.config
     settings = AttributionConfig(  # raises ValueError for an unknown rule
         rule=attribution or config["attribution"],
@@ -158,7 +158,8 @@ def _traces(
     return traces_from_tasks(tasks, rows, prices, tool_wait_j)
 
 
-def _read_telemetry(run_dir: Path, manifest: Manifest) -> pl.DataFrame | None:
+def read_telemetry(run_dir: Path, manifest: Manifest) -> pl.DataFrame | None:
+    """The run's telemetry log; None for a run with no meters, an error where meters lack it."""
     path = run_dir / files.TELEMETRY
     if path.is_file():
         return files.read_arrow(path)

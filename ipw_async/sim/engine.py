@@ -84,6 +84,14 @@ class EngineConfig:
         ),
     )
 
+    record_steps: bool = field(
+        default=False,
+        metadata=option(
+            "Keep every engine step (when it ran, each prompt's chunk, the decoders, its work) "
+            "in /sim/truth, to judge attribution step by step."
+        ),
+    )
+
     def __post_init__(self) -> None:
         if self.telemetry not in TELEMETRY_KINDS:
             raise ValueError(f"--device-telemetry must be one of {', '.join(TELEMETRY_KINDS)}")
@@ -228,6 +236,8 @@ class Engine:
         self.steps = 0
         self.generated_tokens = 0  # every token streamed, for the /metrics counter
         self.cache = PrefixCache() if config.prefix_cache else None
+        # per step: start and end (ns), [request, prompt tokens] chunks, decoding requests, work
+        self.step_log: list[tuple[int, int, list[tuple[str, int]], list[str], float]] = []
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -311,6 +321,10 @@ class Engine:
             self.steps += 1
             self._settle(end, on_server, prefill, decode, work)
             device.set_power(end, cfg.static_w)
+            if cfg.record_steps:
+                self.step_log.append(
+                    (start, end, [(r.key, c) for r, c in prefill], [r.key for r in decode], work)
+                )
             for r, chunk in prefill:
                 r.prefilled += chunk
                 if not r.in_prefill:  # the step that completes a prompt also yields its first token
@@ -374,4 +388,5 @@ class Engine:
             "idle_j": self.idle_energy_j,
             "total_j": self._settled_j,
             "counter_t0_ns": self.device.t0,  # the counter updates at t0 + k × period
+            **({"steps": self.step_log} if self.config.record_steps else {}),
         }

@@ -1,0 +1,91 @@
+"""Attribution given what only the simulator knows: its engine steps and its device physics.
+
+A run's attribution infers the steps from token arrivals and fits the power model to the
+meter. Splitting the same meter with the simulator's own steps and physics instead says how
+much of an error is the meter's resolution (nothing could do better from it), how much the
+inferred steps, and how much the fitted model: the decomposition behind
+``benchmarks/attribution_accuracy.py``. Needs a simulator run with ``record_steps``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from ..energy import AttributionConfig, request_windows, split_known
+from ..harness.directory import Manifest
+from ..harness.finalize import read_records, read_telemetry
+from ..power_model import PowerModel, Steps, computed_prompt_tokens, infer_steps, step_starts
+from .engine import EngineConfig
+
+
+def physics(engine: EngineConfig) -> PowerModel:
+    """The simulated device's power model, in the shape the run fits."""
+    return PowerModel(
+        static_w=engine.static_w,
+        scale_w=engine.dynamic_w,
+        prefill_weight=engine.prefill_work,
+        exponent=engine.work_exponent,
+        cap_w=engine.max_w - engine.static_w,
+    )
+
+
+def logged_steps(requests: pl.DataFrame, truth: dict[str, Any], t0_ns: int) -> Steps:
+    """The engine's steps as it logged them, on the run's clock (``t0_ns``: the run's start on
+    the shared monotonic clock), with each request's work (``requests``: request windows)."""
+    index = {str(r): i for i, r in enumerate(requests.get_column("request_id").to_list())}
+    start, end, decode, prefill = [], [], [], []
+    req, step, entry_decode, entry_prefill = [], [], [], []
+    for a, b, chunks, decoders, _work in truth["steps"]:
+        k = len(start)
+        start.append(a - t0_ns)
+        end.append(b - t0_ns)
+        decode.append(len(decoders))
+        prefill.append(sum(c for _, c in chunks))
+        for key, tokens in chunks:
+            if key in index:
+                req.append(index[key])
+                step.append(k)
+                entry_decode.append(0.0)
+                entry_prefill.append(float(tokens))
+        for key in decoders:
+            if key in index:
+                req.append(index[key])
+                step.append(k)
+                entry_decode.append(1.0)
+                entry_prefill.append(0.0)
+    floats = [np.asarray(v, dtype=float) for v in (start, end, decode, prefill)]
+    ints = [np.asarray(v, dtype=int) for v in (req, step)]
+    return Steps(*floats, *ints, np.asarray(entry_decode), np.asarray(entry_prefill))
+
+
+def known_energy(
+    run_dir: str | Path, truth: dict[str, Any], engine: EngineConfig
+) -> dict[str, dict[int, float]]:
+    """Per request id, its energy split by the simulator's physics over the logged steps
+    (``"logged steps"``: the meter's floor) and over the steps the run infers (``"inferred
+    steps"``)."""
+    run_dir = Path(run_dir)
+    if "steps" not in truth:
+        raise ValueError("the simulator kept no steps: run it with record_steps")
+    manifest = Manifest.read(run_dir)
+    telemetry = read_telemetry(run_dir, manifest)
+    if telemetry is None:
+        raise ValueError(f"{run_dir} has no telemetry")
+    meter = next(m for m in manifest.meters if m.accelerator)
+    requests = request_windows(read_records(run_dir))
+    config = AttributionConfig(session_starts_ns=manifest.session_starts_ns)
+    model = physics(engine)
+    computed = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
+    ids = requests.get_column("request_id").to_list()
+    out = {}
+    for name, steps in (
+        ("logged steps", logged_steps(requests, truth, manifest.anchor.monotonic_ns)),
+        ("inferred steps", infer_steps(requests, step_starts(requests), computed)),
+    ):
+        energy = split_known(telemetry, meter, requests, steps, model, config)
+        out[name] = dict(zip(ids, energy.tolist(), strict=True))
+    return out

@@ -1,0 +1,60 @@
+"""The simulator's own account of a run (its steps and physics) against the run's inferences."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import polars as pl
+import pytest
+
+from ipw_async import RunConfig, finalize, run_benchmark
+from ipw_async.sim import SimConfig, SimulatorProcess
+from ipw_async.sim.account import known_energy
+
+from .conftest import fast_engine
+
+
+def _p95(estimate: dict[int, float], truth: dict[str, float], ids: list[int]) -> float:
+    est = np.array([estimate[i] for i in ids])
+    true = np.array([truth[str(i)] for i in ids])
+    return float(np.percentile(np.abs(est - true) / true, 95))
+
+
+def _energy(records: pl.DataFrame) -> dict[int, float]:
+    return dict(records.select("request_id", "energy_j").iter_rows())
+
+
+async def test_the_engine_s_own_steps_split_the_meter_to_its_resolution(tmp_path: Path) -> None:
+    # 8 streams of 512-token prompts, chunked by a 256-token step budget. With the engine's
+    # own steps and physics the meter splits to within its resolution; the steps the run
+    # infers come near that, and the run's own attribution is well inside the equal split
+    engine = fast_engine(prefill_budget_tokens=256, record_steps=True, counter_period_ms=20.0)
+    with SimulatorProcess(SimConfig(engine=engine)) as sim:
+        config = RunConfig(
+            base_url=sim.base_url,
+            output_dir=tmp_path / "run",
+            telemetry="sim",
+            concurrency=8,
+            max_queries=40,
+            dataset="synthetic",
+            prompt_tokens=512,
+            output_tokens=32,
+            baseline_s=0.3,
+        )
+        result = await run_benchmark(config)
+        truth = httpx.get(f"{sim.root_url}/sim/truth", timeout=10).json()
+    assert truth["steps"] and all(len(step) == 5 for step in truth["steps"])
+    ids = [i for i in result.records.get_column("request_id").to_list() if str(i) in truth["requests"]]
+    known = known_energy(result.run_dir, truth, engine)
+    assert _p95(known["logged steps"], truth["requests"], ids) < 0.04
+    assert _p95(known["inferred steps"], truth["requests"], ids) < 0.2
+    equal = _energy(finalize(result.run_dir, attribution="equal").records)
+    own = _energy(finalize(result.run_dir).records)
+    assert _p95(own, truth["requests"], ids) < min(0.15, _p95(equal, truth["requests"], ids) / 2)
+
+
+def test_a_truth_without_steps_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="record_steps"):
+        known_energy(tmp_path, {"requests": {}}, fast_engine())
