@@ -109,6 +109,14 @@ def synthetic(
     return knots, energy, steps
 
 
+def fit_to(truth: PowerModel, seed: int) -> PowerModel:
+    """The model fitted, with no baseline, to a synthetic trace of ``truth`` (30% prefill steps)."""
+    knots, energy, steps = synthetic(truth, seed=seed, prefill_share=0.3)
+    return fit(
+        knots, energy, np.ones(energy.size, dtype=bool), steps, static_w=None, default_prefill_weight=0.25
+    )
+
+
 def test_the_fit_recovers_known_physics() -> None:
     truth = PowerModel(static_w=60.0, scale_w=20.0, prefill_weight=0.8, exponent=0.7)
     knots, energy, steps = synthetic(truth, seed=1)
@@ -145,11 +153,7 @@ def test_what_the_run_cannot_identify_falls_back_and_says_so() -> None:
 
 def test_a_prefill_weight_hidden_by_the_power_cap_is_not_claimed() -> None:
     # every step that prefills draws the capped power: its power says nothing of the weight
-    truth = PowerModel(static_w=60.0, scale_w=20.0, prefill_weight=1.2, exponent=0.8, cap_w=400.0)
-    knots, energy, steps = synthetic(truth, seed=4, prefill_share=0.3)
-    model = fit(
-        knots, energy, np.ones(energy.size, dtype=bool), steps, static_w=None, default_prefill_weight=0.25
-    )
+    model = fit_to(PowerModel(static_w=60.0, scale_w=20.0, prefill_weight=1.2, exponent=0.8, cap_w=400.0), 4)
     assert model.cap_w == pytest.approx(400.0, rel=0.02)
     assert model.exponent == pytest.approx(0.8, rel=0.05)
     # the stated weight of compute-bound tokens, not the fit's artefact, and the note says so
@@ -160,10 +164,6 @@ def test_a_prefill_weight_hidden_by_the_power_cap_is_not_claimed() -> None:
 def test_a_weight_below_the_cap_is_found_though_a_heavy_step_reaches_it() -> None:
     # a prompt token worth 0.3: 79% of prefill ran at the 400 W cap, but the steps whose
     # prompts were light enough to stay below it say what a prompt token weighs
-    truth = PowerModel(static_w=60.0, scale_w=3.0, prefill_weight=0.3, exponent=0.9, cap_w=400.0)
-    knots, energy, steps = synthetic(truth, seed=5, prefill_share=0.3)
-    model = fit(
-        knots, energy, np.ones(energy.size, dtype=bool), steps, static_w=None, default_prefill_weight=0.25
-    )
+    model = fit_to(PowerModel(static_w=60.0, scale_w=3.0, prefill_weight=0.3, exponent=0.9, cap_w=400.0), 5)
     assert model.prefill_weight == pytest.approx(0.3, rel=0.05)
     assert not any("power cap" in n for n in model.notes)
