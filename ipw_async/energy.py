@@ -42,7 +42,7 @@ from scipy.optimize import nnls
 
 from . import power_model
 from ._clock import NS
-from .power_model import computed_prompt_tokens, step_starts
+from .power_model import computed_prompt_tokens
 from .records import end_ns
 from .telemetry.base import Meter
 from .telemetry.cadence import PROBE_INTERVAL_NS, CounterGrid, last_updates
@@ -266,11 +266,9 @@ class _Work:
 
     @classmethod
     def of(cls, requests: pl.DataFrame) -> _Work:
-        bursts = step_starts(requests)
-        computed = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
-        steps = power_model.infer_steps(requests, bursts, computed)
+        steps = power_model.steps_of(requests)
         placed = _step_segments(requests, steps, steps.entry_decode, steps.entry_prefill, rates=False)
-        return cls(steps, _last_step_segments(requests, bursts), placed)
+        return cls(steps, _last_step_segments(requests, steps.end), placed)
 
 
 def _step_segments(
@@ -324,12 +322,9 @@ def split_known(
     are known rather than inferred (a simulator's own account): the same pooled split of every
     meter interval, so what remains against the truth is what the meter could not resolve.
     ``requests`` is a :func:`request_windows` frame; static power is ``model.static_w``."""
-    vc = virtual_counter(telemetry, meter, config.gap_factor, config.session_starts_ns)
+    sent, end, vc = _covering_counter(telemetry, meter, requests, config)
     if vc is None or not requests.height:
         return np.full(requests.height, np.nan)
-    sent = requests.get_column("sent_ns").to_numpy().astype(float)
-    end = requests.get_column("end_ns").to_numpy().astype(float)
-    vc = extend_counter(vc, float(sent.min()), float(end.max()))
     segments = _model_segments(requests, steps, model)
     timeline = _Timeline(vc, _equal_segments(sent, end), [segments], requests.height)
     return timeline.split(segments, model.static_w, pooled=True)[0]
@@ -495,6 +490,19 @@ def request_windows(records: pl.DataFrame) -> pl.DataFrame:
     return records.with_columns(end_ns().alias("end_ns")).filter(pl.col("sent_ns").is_not_null())
 
 
+def _covering_counter(
+    telemetry: pl.DataFrame, meter: Meter, requests: pl.DataFrame, config: AttributionConfig
+) -> tuple[np.ndarray, np.ndarray, VirtualCounter | None]:
+    """The requests' sent and end times, and the meter's virtual counter extended (imputed)
+    to cover them all; None where the meter produced no usable data."""
+    sent = requests.get_column("sent_ns").to_numpy().astype(float)
+    end = requests.get_column("end_ns").to_numpy().astype(float)
+    vc = virtual_counter(telemetry, meter, config.gap_factor, config.session_starts_ns)
+    if vc is not None and requests.height:
+        vc = extend_counter(vc, float(sent.min()), float(end.max()))
+    return sent, end, vc
+
+
 def attribute_meter(
     telemetry: pl.DataFrame, meter: Meter, requests: pl.DataFrame, config: AttributionConfig, work: _Work
 ) -> MeterResult:
@@ -502,7 +510,7 @@ def attribute_meter(
     ``work`` is :meth:`_Work.of` it)."""
     n = requests.height
     base_prov = {"counter": "measured", "power": "integrated", "estimate": "estimated"}[meter.kind]
-    vc = virtual_counter(telemetry, meter, config.gap_factor, config.session_starts_ns)
+    sent, end, vc = _covering_counter(telemetry, meter, requests, config)
     if vc is None:
         nan = np.full(n, np.nan)
         return MeterResult(
@@ -516,12 +524,8 @@ def attribute_meter(
             nan,
             {"kind": meter.kind, "missing_reason": "the source produced fewer than two readings"},
         )
-    sent = requests.get_column("sent_ns").to_numpy().astype(float)
-    end = requests.get_column("end_ns").to_numpy().astype(float)
+    # the extension beyond the telemetry is imputed: it adds to both terms alike
     measured_j = float(vc.e[-1] - vc.e[0] - np.sum(np.diff(vc.e)[vc.imputed]))
-    if n:
-        vc = extend_counter(vc, float(sent.min()), float(end.max()))
-
     baseline = _baseline_w(vc, meter, config)
     fitted: dict[str, Any] = {}
     seg_eq = _equal_segments(sent, end)

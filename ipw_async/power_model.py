@@ -91,6 +91,12 @@ class Steps:
         return self.start.size
 
 
+def steps_of(requests: pl.DataFrame) -> Steps:
+    """The engine steps the requests' token arrivals imply, with their computed prompts placed."""
+    computed = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
+    return infer_steps(requests, step_starts(requests), computed)
+
+
 def infer_steps(requests: pl.DataFrame, bursts: np.ndarray, prefill_tokens: np.ndarray) -> Steps:
     """Steps from burst times (``energy.step_starts``), with decode and prefill placed in them."""
     n_steps = bursts.size
@@ -190,7 +196,6 @@ def _place_prefill(steps: Steps, sent: np.ndarray, first_step: np.ndarray, token
                 if part > 0:
                     placed[(i, int(k))] = float(part)
                     prefill[k] += part
-
     steps.prefill = prefill
     extra_req = np.array([i for i, _ in placed], dtype=int)
     extra_step = np.array([k for _, k in placed], dtype=int)

@@ -6,8 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from ipw_async.energy import step_starts
-from ipw_async.power_model import CAPPED_PREFILL_WEIGHT, PowerModel, Steps, fit, infer_steps
+from ipw_async.power_model import CAPPED_PREFILL_WEIGHT, PowerModel, Steps, fit, infer_steps, step_starts
 from ipw_async.records import RequestRecord, records_frame
 
 MS = 1_000_000

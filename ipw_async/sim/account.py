@@ -18,7 +18,7 @@ import polars as pl
 from ..energy import AttributionConfig, request_windows, split_known
 from ..harness.directory import Manifest
 from ..harness.finalize import read_records, read_telemetry
-from ..power_model import PowerModel, Steps, computed_prompt_tokens, infer_steps, step_starts
+from ..power_model import PowerModel, Steps, steps_of
 from .engine import EngineConfig
 
 
@@ -75,16 +75,17 @@ def known_energy(
     telemetry = read_telemetry(run_dir, manifest)
     if telemetry is None:
         raise ValueError(f"{run_dir} has no telemetry")
-    meter = next(m for m in manifest.meters if m.accelerator)
+    meter = next((m for m in manifest.meters if m.accelerator), None)
+    if meter is None:
+        raise ValueError(f"{run_dir} has no accelerator meter: was it a simulator run?")
     requests = request_windows(read_records(run_dir))
     config = AttributionConfig(session_starts_ns=manifest.session_starts_ns)
     model = physics(engine)
-    computed = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
     ids = requests.get_column("request_id").to_list()
     out = {}
     for name, steps in (
         ("logged steps", logged_steps(requests, truth, manifest.anchor.monotonic_ns)),
-        ("inferred steps", infer_steps(requests, step_starts(requests), computed)),
+        ("inferred steps", steps_of(requests)),
     ):
         energy = split_known(telemetry, meter, requests, steps, model, config)
         out[name] = dict(zip(ids, energy.tolist(), strict=True))
