@@ -13,9 +13,11 @@ import psutil
 import pytest
 
 from ipw_async import run_benchmark
+from ipw_async.client import ClientConfig
 from ipw_async.harness.errors import RunAborted, RunError
 from ipw_async.harness.ray_pool import local_cluster
-from ipw_async.harness.workers import auto_workers
+from ipw_async.harness.workers import WorkerPool, auto_workers
+from ipw_async.records import RequestRecord
 
 from .conftest import quick_config
 
@@ -175,3 +177,24 @@ async def test_the_ledger_keeps_interleaved_tasks_apart(tmp_path: Path) -> None:
     await ledger.apply(0, ("task_done", log(2)))
     assert [(r.unit_id, r.request_id) for r in run.records] == [(2, 1), (1, 0)]
     assert [(t.task_id, t.turns[0]["request_id"]) for t in run.logs] == [(1, 0), (2, 1)]
+
+
+async def test_a_message_the_coordinator_cannot_apply_stops_the_run_instead_of_hanging_it() -> None:
+    # a record from a request the coordinator never heard start: the pool's consumer cannot
+    # number it. It used to die silently, leaving every unit waiting and close() spinning
+    reasons: list[str] = []
+
+    class Coordinator:  # the one executor method the failure path calls
+        def stop(self, reason: str) -> None:
+            reasons.append(reason)
+
+    pool = WorkerPool(Coordinator(), 1, ClientConfig(base_url="http://127.0.0.1:1/v1"))  # type: ignore[arg-type]
+    waiting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    pool._pending[3] = (0, waiting)
+    pool._consumer = asyncio.create_task(pool._consume())
+    record = RequestRecord(request_id=0, query_id="q", dataset="d", prompt="p", unit_id=3)
+    pool._messages.put_nowait((0, ("kept", record)))
+    with pytest.raises(RuntimeError, match="worker pool stopped"):
+        await asyncio.wait_for(waiting, 5)
+    await asyncio.wait_for(pool.close(), 5)
+    assert len(reasons) == 1 and "could not be applied" in reasons[0]

@@ -294,6 +294,18 @@ class WorkerPool:
             self._messages.put_nowait((index, ("closed",)))
 
     async def _consume(self) -> None:
+        try:
+            await self._consume_messages()
+        except Exception as exc:  # a message it could not apply: stop, and let no unit wait on it
+            self.executor.stop(f"worker messages could not be applied ({exc!r}); the run stops")
+            for _, future in self._pending.values():
+                if not future.done():
+                    future.set_exception(RuntimeError("the worker pool stopped"))
+            self._pending.clear()
+            self._closed_event.set()
+            raise
+
+    async def _consume_messages(self) -> None:
         ex = self.executor
         while True:
             index, message = await self._messages.get()
@@ -364,7 +376,8 @@ class WorkerPool:
         if self._consumer is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closed_event.wait(), CLOSE_TIMEOUT_S)
-        while not self._messages.empty():  # what came with the last "closed"
+        # what came with the last "closed" (while something still takes it off the queue)
+        while not self._messages.empty() and self._consumer is not None and not self._consumer.done():
             await asyncio.sleep(0)
         if self._consumer is not None:
             self._consumer.cancel()

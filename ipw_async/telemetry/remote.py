@@ -83,9 +83,12 @@ class ClockSync:
             rtt = np.array(self._rtts, dtype=float)
         out: dict[str, Any] = {
             "pings": count,
-            "offset_ms": best.offset_ns / 1e6,
-            # the true offset lies within half the best round trip of its midpoint estimate
-            "uncertainty_ms": best.rtt_ns / 2e6,
+            # the offset applied at the end (the recent best), and the run's best round trip's:
+            # the true offset lies within half a round trip of its midpoint estimate
+            "offset_ms": late.offset_ns / 1e6,
+            "uncertainty_ms": late.rtt_ns / 2e6,
+            "best_offset_ms": best.offset_ns / 1e6,
+            "best_uncertainty_ms": best.rtt_ns / 2e6,
             "rtt_ms": {"min": float(rtt.min()) / 1e6, "p50": float(np.median(rtt)) / 1e6},
             "method": "midpoint of the shortest round trip",
         }
