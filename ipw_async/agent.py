@@ -26,7 +26,7 @@ from aiohttp import web
 from ._child import ChildServer
 from ._clock import now_ns
 from .telemetry import OpenSource, TelemetrySetup
-from .telemetry.base import timed_read
+from .telemetry.base import read_time, timed_read
 
 READY_PREFIX = "IPW_ASYNC_AGENT_READY"
 
@@ -71,7 +71,7 @@ class AgentServer:
         read = source.read_counters if counters else source.read
         async with self._locks[name]:
             reading, start, latency = await asyncio.to_thread(timed_read, read)
-        stamp = reading.t_ns if reading.t_ns is not None else start + latency // 2
+        stamp = read_time(reading, start, latency)
         return {
             "source": name,
             "t_ns": stamp + self.shift_ns,

@@ -168,3 +168,8 @@ def timed_read(read: Callable[[], Reading]) -> tuple[Reading, int, int]:
     start = now_ns()
     reading = read()
     return reading, start, now_ns() - start
+
+
+def read_time(reading: Reading, start: int, latency: int) -> int:
+    """The instant a read describes: its own stamp, else the middle of the read."""
+    return reading.t_ns if reading.t_ns is not None else start + latency // 2

@@ -10,12 +10,11 @@ update grid, as any counter.
 
 from __future__ import annotations
 
-import http.client
 import re
 from collections import defaultdict
-from urllib.parse import urlsplit
 
 from .base import CountedSource, CounterTracker, Meter, Quantity, Reading, SourceInfo, SourceUnavailable
+from .http import ERRORS, KeptAlive, http_url
 
 # DCGM exporter fields, per GPU: (quantity, scale to our unit)
 DCGM_FIELDS = {
@@ -52,40 +51,17 @@ class PrometheusSource(CountedSource):
     """One scrape endpoint, e.g. DCGM exporter's ``http://gpu-host:9400/metrics``."""
 
     def __init__(self, url: str, timeout: float = 2.0) -> None:
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme != "http" or not parts.hostname:
-            raise SourceUnavailable(
-                f"{url!r} is not a metrics URL; give one like http://gpu-host:9400/metrics"
-            )
+        parts = http_url(url, "a metrics URL", "http://gpu-host:9400/metrics")
         self.url = f"http://{parts.netloc}{parts.path or '/metrics'}"
         self.label = parts.netloc
         self.name = f"prometheus@{parts.netloc}"
-        self._host, self._port, self._path = parts.hostname, parts.port or 80, parts.path or "/metrics"
-        self._timeout = timeout
-        self._conn: http.client.HTTPConnection | None = None
+        self._path = parts.path or "/metrics"
+        self._http = KeptAlive(str(parts.hostname), parts.port or 80, timeout)
         self._columns: list[str] = []
         self.counters: dict[str, CounterTracker] = {}
 
     def _scrape(self) -> str:
-        for attempt in (0, 1):
-            reused = self._conn is not None
-            conn = self._conn or http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
-            self._conn = conn
-            try:
-                conn.request("GET", self._path)
-                response = conn.getresponse()
-                body = response.read().decode("utf-8", "replace")
-            except (OSError, http.client.HTTPException) as exc:
-                conn.close()
-                self._conn = None
-                stale = isinstance(exc, ConnectionError | http.client.RemoteDisconnected)
-                if stale and reused and attempt == 0:
-                    continue  # a kept-alive connection the server had closed: once more, fresh
-                raise
-            if response.status != 200:
-                raise http.client.HTTPException(f"HTTP {response.status}")
-            return body
-        raise AssertionError("unreachable")
+        return self._http.get(self._path).decode("utf-8", "replace")
 
     def _values(self, text: str) -> dict[str, float]:
         values: dict[str, float] = defaultdict(float)
@@ -102,7 +78,7 @@ class PrometheusSource(CountedSource):
     def open(self) -> SourceInfo:
         try:
             values = self._values(self._scrape())
-        except (OSError, http.client.HTTPException) as exc:
+        except ERRORS as exc:
             raise SourceUnavailable(f"cannot scrape {self.url} ({exc})") from None
         if not values:
             raise SourceUnavailable(
@@ -132,7 +108,7 @@ class PrometheusSource(CountedSource):
     def read(self) -> Reading:
         try:
             values = self._values(self._scrape())
-        except (OSError, http.client.HTTPException):
+        except ERRORS:
             return Reading(dict.fromkeys(self._columns))
         for channel, tracker in self.counters.items():
             column = f"{channel}.{Quantity.ENERGY_J}"
@@ -141,5 +117,4 @@ class PrometheusSource(CountedSource):
         return Reading({c: values.get(c) for c in self._columns})
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        self._http.close()

@@ -10,18 +10,17 @@ the estimate of its time.
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
 from .._clock import NS, now_ns
 from .base import Meter, Reading, SourceInfo, SourceUnavailable, TelemetrySource
+from .http import ERRORS, KeptAlive, http_url
 
 OPEN_PINGS = 32  # round trips before the first reading: the first estimate is already tight
 RECENT_PINGS = 256  # the best of the latest so many: at a ping per 50 ms tick, about 13 s
@@ -101,32 +100,14 @@ class Agent:
     """One agent over kept-alive HTTP connections: its sources, its clock."""
 
     def __init__(self, url: str, timeout: float = 2.0) -> None:
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme != "http" or not parts.hostname:
-            raise SourceUnavailable(f"{url!r} is not an agent URL; give one like http://gpu-host:9180")
+        parts = http_url(url, "an agent URL", "http://gpu-host:9180")
         self.url = f"http://{parts.netloc}"
         self.label = parts.netloc  # names its channels: gpu0@gpu-host:9180
-        self._host, self._port, self._timeout = parts.hostname, parts.port or 80, timeout
         self.clock = ClockSync()
-        self._local = threading.local()  # a connection per thread: the sampler's, the final read's
+        self.http = KeptAlive(str(parts.hostname), parts.port or 80, timeout)
 
     def get(self, path: str) -> Any:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = http.client.HTTPConnection(
-                self._host, self._port, timeout=self._timeout
-            )
-        try:
-            conn.request("GET", path)
-            response = conn.getresponse()
-            body = response.read()
-            if response.status != 200:
-                raise http.client.HTTPException(f"HTTP {response.status}: {body[:200]!r}")
-            return json.loads(body)
-        except (OSError, http.client.HTTPException, ValueError):
-            conn.close()
-            self._local.conn = None
-            raise
+        return json.loads(self.http.get(path))
 
     def ping(self) -> None:
         sent = now_ns()
@@ -140,7 +121,7 @@ class Agent:
             for _ in range(OPEN_PINGS):
                 self.ping()
             sources = [RemoteSource(self, s) for s in info["sources"]]
-        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
+        except (*ERRORS, ValueError, KeyError, TypeError) as exc:
             raise SourceUnavailable(
                 f"no ipw-async agent answers at {self.url} ({exc}); start one there with `ipw-async agent`"
             ) from None
@@ -180,7 +161,7 @@ class RemoteSource(TelemetrySource):
             raw = self.agent.get(f"/read?source={self.remote_name}&counters={int(counters)}")
             values = {self._local(c): v for c, v in raw["values"].items()}
             stamp = int(raw["t_ns"])
-        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+        except (*ERRORS, ValueError, KeyError, TypeError):
             return Reading(dict.fromkeys(columns))
         self._events = {f"{ch}@{self.agent.label}": ev for ch, ev in raw.get("counter_events", {}).items()}
         return Reading({c: values.get(c) for c in columns}, t_ns=self.agent.clock.to_local(stamp))
@@ -193,6 +174,11 @@ class RemoteSource(TelemetrySource):
 
     def counter_events(self) -> dict[str, dict[str, int]]:
         return self._events
+
+    def close(self) -> None:
+        # the agent's connections are shared by its sources: the first to close ends them, and
+        # a read after that opens a fresh one
+        self.agent.http.close()
 
     def clock(self) -> dict[str, Any]:
         return self.agent.clock.report() | {"agent": self.agent.url}

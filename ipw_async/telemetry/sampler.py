@@ -14,7 +14,7 @@ import polars as pl
 
 from .._clock import NS, now_ns
 from ..stats import distribution
-from .base import Meter, Reading, SourceInfo, TelemetrySource, timed_read
+from .base import Meter, Reading, SourceInfo, TelemetrySource, read_time, timed_read
 from .cadence import PROBE_EVERY_NS, PROBE_INTERVAL_NS, PROBE_PATIENCE, CounterGrid, learn_grid
 
 
@@ -124,11 +124,6 @@ def _ask_realtime() -> str:
     return "real-time"
 
 
-def _read_time(reading: Reading, start: int, latency: int) -> int:
-    """The instant a read describes: its own stamp, else the middle of the read."""
-    return reading.t_ns if reading.t_ns is not None else start + latency // 2
-
-
 class Sampler:
     """Reads every source once per period, at absolute deadlines so it never drifts.
 
@@ -198,7 +193,7 @@ class Sampler:
         row: dict[str, float | int | None] = {"t_ns": deadline - t0, "lateness_ns": woke - deadline}
         for s, (reading, start, latency) in zip(self._sources, reads, strict=True):
             name = s.source.name
-            row[f"{name}.t_ns"] = _read_time(reading, start, latency) - t0
+            row[f"{name}.t_ns"] = read_time(reading, start, latency) - t0
             row[f"{name}.read_ns"] = latency
             row.update(reading.values)
         return row
@@ -286,7 +281,7 @@ class Sampler:
                 if meter.kind != "counter":
                     continue
                 points = [
-                    (_read_time(reading, start, latency), value)
+                    (read_time(reading, start, latency), value)
                     for reading, start, latency in filter(None, source_reads)
                     if (value := reading.values.get(meter.energy_column)) is not None
                 ]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 from urllib.parse import urlsplit
 
 from .._clock import now_ns
 from .base import CounterTracker, Meter, Quantity, Reading, SourceInfo, SourceUnavailable, TelemetrySource
+from .http import ERRORS, KeptAlive
 
 
 class SimDeviceSource(TelemetrySource):
@@ -23,27 +23,17 @@ class SimDeviceSource(TelemetrySource):
         parts = urlsplit(root_url)
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or 80
-        self._timeout = timeout
-        self._conn: http.client.HTTPConnection | None = None
+        self._http = KeptAlive(self._host, self._port, timeout)
         self.counter = CounterTracker()
         self._columns: list[str] = []
 
     def _fetch(self) -> dict[str, float | None]:
-        if self._conn is None:
-            self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
-        try:
-            self._conn.request("GET", "/sim/device")
-            response = self._conn.getresponse()
-            return json.loads(response.read())
-        except (OSError, http.client.HTTPException, ValueError):
-            self._conn.close()
-            self._conn = None
-            raise
+        return json.loads(self._http.get("/sim/device"))
 
     def open(self) -> SourceInfo:
         try:
             first = self._fetch()
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+        except (*ERRORS, ValueError) as exc:
             raise SourceUnavailable(f"no simulated device at {self._host}:{self._port} ({exc})") from None
         self._columns = []
         meters = []
@@ -67,7 +57,7 @@ class SimDeviceSource(TelemetrySource):
     def read(self) -> Reading:
         try:
             raw = self._fetch()
-        except (OSError, http.client.HTTPException, ValueError):
+        except (*ERRORS, ValueError):
             return Reading({c: None for c in self._columns})
         energy_mj = raw.get("energy_mj")
         values: dict[str, float | None] = {
@@ -82,5 +72,4 @@ class SimDeviceSource(TelemetrySource):
         )
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        self._http.close()
