@@ -27,6 +27,7 @@ from scipy.optimize import least_squares, nnls
 from ._clock import NS
 
 DEFAULT_EXPONENT = 1.0
+MIN_TIMED_STEPS = 4  # fewer steps of known length than this fit no step-time model
 MIN_R2 = 0.5  # below it, the fitted curve is noise: work is counted linearly instead
 # Fewer prompt tokens a step than this is no engine's budget (vLLM's and llama.cpp's are in
 # the thousands): steps that show no prefill time then did their prompts' work cheaply, in the
@@ -47,6 +48,9 @@ LEAST_PREFILL_WEIGHT, MOST_PREFILL_WEIGHT = 0.1, 1.5
 # prompt token's weight. (At half, the default simulator at 256 streams, whose prompts
 # mostly cap but whose lighter prefill steps identify the weight to 10%, was refused it.)
 CAPPED_SHARE = 0.75
+# The batch's peak is a server's batch limit where at least this share of the steps ran at it
+# (once or twice at the peak is only where load was highest).
+BATCH_CEILING_SHARE = 0.05
 
 
 def step_starts(requests: pl.DataFrame, split: float = 0.5) -> np.ndarray:
@@ -111,12 +115,14 @@ def infer_steps(requests: pl.DataFrame, bursts: np.ndarray, prefill_tokens: np.n
     sent = requests.get_column("sent_ns").to_numpy().astype(float)
     req_idx, step_idx, dec = [], [], []
     first_step = np.full(requests.height, -1)
+    running = np.zeros(n_steps)  # requests that got a token in the step: the batch, less multi-step prompts
     for i, (chunks, tokens) in enumerate(requests.select("chunk_ns", "chunk_tokens").iter_rows()):
         if not chunks:
             continue
         k = np.searchsorted(end, np.asarray(chunks, dtype=float), side="right") - 1
         k = np.clip(k, 0, n_steps - 1)
         first_step[i] = k[0]
+        running[np.unique(k)] += 1
         per_step = np.bincount(k - k[0], weights=np.asarray(tokens, dtype=float))
         # the first token comes with the prefill; tokens after it are decode work
         per_step[0] -= 1
@@ -125,10 +131,13 @@ def infer_steps(requests: pl.DataFrame, bursts: np.ndarray, prefill_tokens: np.n
             step_idx.append(k[0] + offset)
             dec.append(per_step[offset])
     decode = np.bincount(np.asarray(step_idx, dtype=int), weights=dec, minlength=n_steps)
-    # an engine idle before a step started it when its first request arrived
+    # An engine idle before a step started it no earlier than its first request arrived, and
+    # how much later the server's own work (accepting, parsing, tokenizing: 100 ms for 256
+    # connections at once on the simulator) the step-time fit says, in the placement below.
     busy_before = np.zeros(n_steps, dtype=bool)
     busy_before[np.asarray(step_idx, dtype=int)] = True
-    for k in np.flatnonzero(~np.concatenate(([False], busy_before[:-1]))):
+    cold = ~np.concatenate(([False], busy_before[:-1]))
+    for k in np.flatnonzero(cold):
         arrivals = sent[(first_step == k) & (sent < end[k])]
         if arrivals.size:  # the first step has no burst before it: only the typical guess
             start[k] = float(arrivals.min()) if k == 0 else max(start[k], float(arrivals.min()))
@@ -142,36 +151,58 @@ def infer_steps(requests: pl.DataFrame, bursts: np.ndarray, prefill_tokens: np.n
         np.asarray(dec, dtype=float),
         np.zeros(len(dec)),
     )
-    _place_prefill(steps, sent, first_step, prefill_tokens)
+    _place_prefill(steps, sent, first_step, prefill_tokens, cold, running)
     return steps
 
 
-def _place_prefill(steps: Steps, sent: np.ndarray, first_step: np.ndarray, tokens: np.ndarray) -> None:
+def _place_prefill(
+    steps: Steps,
+    sent: np.ndarray,
+    first_step: np.ndarray,
+    tokens: np.ndarray,
+    cold: np.ndarray,
+    running: np.ndarray,
+) -> None:
     """Each prompt in the room the steps' extra time (over decode alone) leaves, first come,
     first served as the engines we know schedule prefill (vLLM, SGLang, TGI): prompts in the
     order of their first tokens, each from the first step after its arrival, and no earlier
-    than the first-token step of the prompt served before it (a request queued for a batch
-    slot does no work), taking what room earlier prompts left, its first-token step taking
-    whatever remains.
+    than the first-token step of the prompt served before it nor than the last step before it
+    at the batch's ceiling (a request queued for a batch slot does no work), taking what room
+    earlier prompts left, its first-token step taking whatever remains. A ``cold`` step (the engine idle before it) lasts what the step-time
+    fit says its work takes, within the time since its first request arrived.
 
     (Spreading a prompt over all its wait in proportion to the room put much of it in steps
     that were busy with the prompts queued ahead of it.)"""
+    earliest = steps.start.copy()
     duration = steps.end - steps.start
+    timed_steps = np.isfinite(duration) & (duration > 0) & ~cold  # a cold step's start is a guess
     order = np.argsort(first_step, kind="stable")
     have = [(i, int(first_step[i])) for i in order if first_step[i] >= 0 and tokens[i] > 0]
     placed: dict[tuple[int, int], float] = {}
     prefill = np.zeros(steps.count)
     need = float(sum(tokens[i] for i, _ in have))
     # a request joins the batch at the first step that starts after it arrived
+    # a batch limit shows as a ceiling the batch keeps reaching: no prompt ran in a step at it,
+    # so a request whose first token came later waited for a slot until after the last such
+    full = np.flatnonzero(running >= running.max()) if running.size else running.astype(int)
+    if full.size < BATCH_CEILING_SHARE * steps.count:
+        full = full[:0]
+    admitted = [int(full[j - 1]) + 1 if (j := int(np.searchsorted(full, f))) else 0 for _, f in have]
     windows = [
-        np.arange(min(int(np.searchsorted(steps.start, sent[i], side="left")), f), f + 1) for i, f in have
+        np.arange(min(max(int(np.searchsorted(steps.start, sent[i], side="left")), adm), f), f + 1)
+        for (i, f), adm in zip(have, admitted, strict=True)
     ]
     in_window = np.zeros(steps.count, dtype=bool)  # steps some prompt could have been prefilled in
     for window in windows:
         in_window[window] = True
     for _ in range(4):  # refit the step-time model with the placement it implies
-        a, b, c = _fit_duration(duration, steps.decode, prefill)
+        a, b, c = _fit_duration(duration[timed_steps], steps.decode[timed_steps], prefill[timed_steps])
         steps.duration_fit = {"base_ms": a / 1e6, "per_decode_ms": b / 1e6, "per_prefill_token_ms": c / 1e6}
+        if timed_steps.sum() >= MIN_TIMED_STEPS:
+            modelled = a + b * steps.decode + c * prefill
+            since = np.where(modelled > 0, np.maximum(earliest, steps.end - modelled), earliest)
+            steps.start[cold] = since[cold]
+            duration = steps.end - steps.start
         # a per-token cost that explains under 1% of a step is the fit's float residue: no room
         typical = float(prefill[prefill > 0].mean()) if prefill.any() else 0.0
         timed = c * typical >= 0.01 * float(np.median(duration))
@@ -211,11 +242,9 @@ def _fit_duration(
     duration: np.ndarray, decode: np.ndarray, prefill: np.ndarray
 ) -> tuple[float, float, float]:
     """Step time = a + b·decoders + c·prefill tokens, all non-negative (least squares)."""
-    x = np.column_stack((np.ones_like(duration), decode, prefill))
-    ok = np.isfinite(duration) & (duration > 0)
-    if ok.sum() < 4:
-        return float(np.median(duration[ok])) if ok.any() else 0.0, 0.0, 0.0
-    coef, _ = nnls(x[ok], duration[ok])
+    if duration.size < MIN_TIMED_STEPS:
+        return float(np.median(duration)) if duration.size else 0.0, 0.0, 0.0
+    coef, _ = nnls(np.column_stack((np.ones_like(duration), decode, prefill)), duration)
     return float(coef[0]), float(coef[1]), float(coef[2])
 
 

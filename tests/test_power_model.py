@@ -84,6 +84,43 @@ def test_a_prefill_bound_engine_serves_prompts_first_come_first_served() -> None
     assert placed[2] == pytest.approx({300: 100}, rel=0.02)
 
 
+def test_a_step_after_idle_lasts_what_its_work_takes_not_since_the_request_arrived() -> None:
+    # Steps take 20 ms plus 0.1 ms a prompt token. A arrives at 0 ms on an idle engine, but the
+    # server is busy accepting connections until 100 ms; its 300-token prompt then takes the
+    # step to 150 ms. B's 300-token prompt, prefilled while A decodes, times the model. The
+    # first step began at 100 ms (the 100 ms before it were idle power), not at A's arrival.
+    a_chunks = [150.0, 170.0, 190.0, 210.0, 230.0, 280.0, 300.0, 320.0, 340.0]
+    b_chunks = [280.0, 300.0, 320.0, 340.0]
+    frame = records_frame([request(0, 0.0, a_chunks, 300), request(1, 215.0, b_chunks, 300)])
+    frame = frame.with_columns(pl.lit(None, pl.Int64).alias("cached_prompt_tokens"))
+    steps = infer_steps(frame, step_starts(frame), np.array([300.0, 300.0]))
+    assert steps.duration_fit["base_ms"] == pytest.approx(20.0, rel=0.05)
+    assert steps.start[0] / MS == pytest.approx(100.0, abs=2.0)
+    assert (steps.end - steps.start)[1:] / MS == pytest.approx([20, 20, 20, 20, 50, 20, 20, 20], abs=0.5)
+
+
+def test_a_request_waiting_for_a_batch_slot_did_no_prefill_while_the_batch_was_full() -> None:
+    # A two-slot engine: A, B and C (100-token prompts) arrive at 0 ms; A and B run, C waits
+    # until A finishes at 150 ms and is prefilled in the step to 180 ms. Two of A and B's
+    # decode steps ran 5 ms long for no reason of theirs; C's prompt did not run there.
+    ab = [40.0, 60.0, 85.0, 105.0, 130.0, 150.0]
+    b_rest = [180.0, 200.0, 220.0, 240.0]
+    frame = records_frame(
+        [
+            request(0, 0.0, ab, 100),
+            request(1, 0.0, ab + b_rest, 100),
+            request(2, 0.0, [180.0, 200.0, 220.0, 240.0, 260.0, 280.0], 100),
+        ]
+    ).with_columns(pl.lit(None, pl.Int64).alias("cached_prompt_tokens"))
+    steps = infer_steps(frame, step_starts(frame), np.array([100.0, 100.0, 100.0]))
+    placed = {
+        int(steps.end[k] / MS): p
+        for r, k, p in zip(steps.req, steps.step, steps.entry_prefill, strict=True)
+        if r == 2 and p
+    }
+    assert placed == pytest.approx({180: 100.0})
+
+
 def synthetic(
     model: PowerModel, seed: int, prefill_share: float = 0.3
 ) -> tuple[np.ndarray, np.ndarray, Steps]:
