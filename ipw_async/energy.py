@@ -118,7 +118,10 @@ def counter_knots(
         # grid's own error: it came just after that read; one it cannot explain: midpoint
         near = before - update < PROBE_INTERVAL_NS
         at = np.where(update > before, update, np.where(near, before, at))
-    kt = np.concatenate(([t[0]], at))
+    # the first value, too, was made at the grid's update before its read (a 500 ms counter's
+    # first interval otherwise spans up to half a period too little time: 93 W for 70 W idle)
+    first = last_updates(grids, t[:1].astype(float)) if grids else t[:1]
+    kt = np.concatenate((first, at))
     ke = np.concatenate(([e[0]], e[changed]))
     if t[-1] > kt[-1] and changed.size == 0:
         kt, ke = np.append(kt, t[-1]), np.append(ke, e[-1])
@@ -611,11 +614,14 @@ def _baseline_w(vc: VirtualCounter, meter: Meter, config: AttributionConfig) -> 
         return config.baseline_w
     if config.baseline_window_ns is None:
         return None
+    # Only the meter's own intervals inside the window: one that straddles its end holds load
+    # too, and spread by interpolation it read 108 W for 70 W idle with a 500 ms counter.
     a, b = config.baseline_window_ns
-    a = max(float(a), float(vc.t[0]))  # the first sample lands a read latency after the window opens
-    if b - a < 0.25 * NS:
+    inside = np.flatnonzero((vc.t >= a) & (vc.t <= b))
+    if inside.size < 2 or vc.t[inside[-1]] - vc.t[inside[0]] < 0.25 * NS:
         return None
-    return float((np.interp(b, vc.t, vc.e) - np.interp(a, vc.t, vc.e)) / ((b - a) / NS))
+    first, last = inside[0], inside[-1]
+    return float((vc.e[last] - vc.e[first]) / ((vc.t[last] - vc.t[first]) / NS))
 
 
 def attribute(

@@ -74,9 +74,11 @@ def test_stale_reads_are_timed_to_the_update_that_produced_them() -> None:
 
     e = energy_at(45 * MS + np.floor((t - 45 * MS) / (100 * MS)) * 100 * MS)
     kt, ke = counter_knots(t, e, (CounterGrid(100 * MS, 45 * MS),))
-    # every knot is an update time, holding the energy the device had then
-    assert all(off_grid(k, 45 * MS, 100 * MS) == 0 for k in kt[1:])
-    assert ke[1:] == pytest.approx(energy_at(kt[1:]), rel=1e-12)
+    # every knot is an update time, holding the energy the device had then: the first read's
+    # too, whose value the update 55 ms before it made
+    assert all(off_grid(k, 45 * MS, 100 * MS) == 0 for k in kt)
+    assert kt[0] == -55 * MS
+    assert ke == pytest.approx(energy_at(kt), rel=1e-12)
     mid_t, _ = counter_knots(t, e)
     assert np.abs(mid_t[1:] - kt[1:]).min() == 20 * MS  # the midpoint guess is 20 ms early
 

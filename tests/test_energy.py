@@ -18,6 +18,7 @@ from ipw_async.energy import AttributionConfig, attribute, counter_knots
 from ipw_async.power_model import step_starts
 from ipw_async.records import RequestRecord, records_frame
 from ipw_async.telemetry.base import Meter
+from ipw_async.telemetry.cadence import CounterGrid
 
 from .conftest import quick_config
 
@@ -250,6 +251,23 @@ def test_a_counter_period_of_mostly_idle_goes_to_the_work_in_it_above_the_baseli
     # own time's share
     out, _ = attribute(tel, [COUNTER], recs, AttributionConfig(rule="tokens"))
     assert out.get_column("energy_j")[0] == pytest.approx(20.0 * 11 / 99.5, rel=1e-9)
+
+
+def test_the_idle_baseline_is_measured_only_over_the_counters_updates_inside_its_window() -> None:
+    # A 500 ms counter (updates at 407 ms + k·500 ms) read every 10 ms: 70 W idle through the
+    # baseline window (31–1030 ms), 300 W from its end. The update after the window holds
+    # load, and so does the time before the first read; neither is idle power.
+    def joules(x_ms: np.ndarray) -> np.ndarray:
+        return 70.0 * (x_ms + 1000) / 1000 + 230.0 * np.maximum(x_ms - 1030, 0) / 1000
+
+    t = np.arange(31.0, 3000.0, 10.0)
+    tel = telemetry(t, energy=joules(407 + np.floor((t - 407) / 500) * 500))
+    meter = Meter("dev", "counter", accelerator=True, source="dev", grids=(CounterGrid(500 * MS, 407 * MS),))
+    window = (31 * MS, 1030 * MS)
+    _, section = attribute(
+        tel, [meter], records([(1100, 1200, 50)]), AttributionConfig(baseline_window_ns=window)
+    )
+    assert section["meters"]["dev"]["baseline_w"] == pytest.approx(70.0, rel=1e-9)
 
 
 def test_the_band_widens_where_work_does_not_explain_the_meter() -> None:
