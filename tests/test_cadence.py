@@ -147,9 +147,10 @@ class GridCounter(TelemetrySource):
 
     name = "dev"
 
-    def __init__(self, period_ms: float = 30.0) -> None:
+    def __init__(self, period_ms: float = 30.0, after_first_read_ms: float | None = None) -> None:
         self.period_ms = period_ms
         self.origin = now_ns() - 7 * MS
+        self.after_first_read_ms = after_first_read_ms  # else: updates from 7 ms before it exists
         self.reads = 0
 
     def open(self) -> SourceInfo:
@@ -158,6 +159,8 @@ class GridCounter(TelemetrySource):
     def read(self) -> Reading:
         self.reads += 1
         t = now_ns()
+        if self.reads == 1 and self.after_first_read_ms is not None:
+            self.origin = t + int(self.after_first_read_ms * MS)
         energy = stepped_counter(np.array([t - self.origin]), self.period_ms, 0.0)[0]
         return Reading({"dev.energy_j": float(energy)}, t)
 
@@ -190,3 +193,15 @@ async def test_a_slow_counter_is_probed_until_it_shows_its_grid() -> None:
     (meter,) = sampler.meters
     (grid,) = meter.grids
     assert grid.period_ns == pytest.approx(150 * MS, rel=0.01)
+
+
+async def test_a_counter_whose_period_the_probe_interval_divides_is_timed_to_its_updates() -> None:
+    # A 10 ms counter updating 0.3 ms after the sampler's first read. Reads every 2 ms from
+    # that read would bracket every update by the same [0, 2] ms and time them all 0.7 ms
+    # late; then a 50 ms tick landing in those 0.7 ms is given the update after the one it saw.
+    source = GridCounter(10.0, after_first_read_ms=0.3)
+    sampler = await sample_for(source, 0.8, probe_s=0.5)
+    (meter,) = sampler.meters
+    (grid,) = meter.grids
+    assert grid.period_ns == pytest.approx(10 * MS, rel=0.01)
+    assert off_grid(grid.phase_ns, source.origin - sampler.t0_ns, 10 * MS) < 0.3 * MS

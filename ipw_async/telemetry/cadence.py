@@ -4,8 +4,9 @@ A GPU's energy counter updates on its own clock (often every 100 ms) however oft
 read, so a value read at 50 ms intervals may be up to a whole update period old. Timed to the
 midpoint between reads, it is off by up to half a read interval, the same offset all run long
 (both clocks are periodic), and that offset moves energy across request boundaries. Read
-every 2 ms for a second, the counter shows its update grid: each read's value can then be
-timed to the update that produced it. The device's clock drifts from the host's, and a grid
+about every 2 ms for a second, at drifting phase so that the reads' own grid does not bias
+every update alike, the counter shows its update grid: each read's value can then be timed
+to the update that produced it. The device's clock drifts from the host's, and a grid
 learned from ten updates is good to some µs per period, so the probe is repeated through the
 run and each read is timed by the latest grid learned before it.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from scipy.optimize import linprog
 
 # Reads in a probe, how often a probe is repeated, how many times its length it may go on
 # for a slow counter, and the least updates it must see to trust a grid.
@@ -114,7 +116,7 @@ def learn_grid(t: np.ndarray, e: np.ndarray) -> CounterGrid | None:
         return CounterGrid(0.0, 0.0, start)
     # a read delayed by a busy machine brackets its update loosely: leave it out of the fit
     sharp = t[changed] - t[changed - 1] < period / 4
-    updates = updates[sharp]
+    updates, before, after = updates[sharp], t[changed - 1][sharp], t[changed][sharp]
     if updates.size < MIN_UPDATES:
         return None
     # Number the updates gap by gap: the median gap is quantised to the reads' 2 ms, so
@@ -126,4 +128,32 @@ def learn_grid(t: np.ndarray, e: np.ndarray) -> CounterGrid | None:
     slope, intercept = np.polyfit(k, updates, 1)
     if np.max(np.abs(updates - (intercept + slope * k))) > period / 4:
         return None  # not periodic
-    return CounterGrid(float(slope), float(intercept), start)
+    period, phase = _within_brackets(k, before, after, slope, intercept)
+    # the update mid-probe: a period off by some µs tilts the grid least there
+    return CounterGrid(period, phase + float(np.median(k).round()) * period, start)
+
+
+def _within_brackets(
+    k: np.ndarray, before: np.ndarray, after: np.ndarray, slope: float, intercept: float
+) -> tuple[float, float]:
+    """The grid (period, phase) that puts every update deepest inside the reads around it.
+
+    Update k lies between the reads before and after it; reads at drifting phase make those
+    brackets agree on a grid far more closely than their midpoints do (a tenth of their
+    interval or better). The regression's grid where the brackets cannot all hold (a read
+    stamped late)."""
+    # unknowns: period and phase as offsets from the regression's (ns), and the margin
+    ones = np.ones_like(k)
+    a_ub = np.vstack(
+        (
+            np.column_stack((-k, -ones, ones)),  # before + margin <= phase + k·period
+            np.column_stack((k, ones, ones)),  # phase + k·period + margin <= after
+        )
+    )
+    b_ub = np.concatenate((intercept + slope * k - before, after - intercept - slope * k))
+    result = linprog(
+        c=[0.0, 0.0, -1.0], A_ub=a_ub, b_ub=b_ub, bounds=[(None, None), (None, None), (None, None)]
+    )
+    if not result.success or result.x[2] <= 0:
+        return slope, intercept
+    return slope + float(result.x[0]), intercept + float(result.x[1])

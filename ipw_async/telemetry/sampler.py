@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import sys
 import threading
 from dataclasses import dataclass, field, replace
@@ -151,6 +152,7 @@ class Sampler:
         self.t0_ns = t0_ns
         self.realtime = realtime
         self.probe_ns = int(probe_s * NS)
+        self._phases = random.Random(0)  # where between updates each probe read falls
         self.scheduling = "normal"
         self.log = TelemetryLog(sources)
         self.skipped = 0
@@ -258,8 +260,10 @@ class Sampler:
                 else:
                     if woke >= probe_end:  # a counter too slow to show its grid yet: go on
                         probe_end = woke + self.probe_ns
-                    # the next point of the 2 ms grid, on which the deadlines fall too
-                    probe_next += -(-(now_ns() - probe_next + 1) // PROBE_INTERVAL_NS) * PROBE_INTERVAL_NS
+                    # 1–3 ms on: on a fixed 2 ms grid every read would meet a 10 ms counter's
+                    # updates at the same point, and all the updates would be timed off alike,
+                    # by up to a millisecond (then a 50 ms tick near an update saw the one before)
+                    probe_next = now_ns() + int(PROBE_INTERVAL_NS * self._phases.uniform(0.5, 1.5))
             if full is not None:
                 self.log.append(self._row(deadline, woke, full))
                 deadline += self.period_ns
