@@ -48,6 +48,9 @@ LEAST_PREFILL_WEIGHT, MOST_PREFILL_WEIGHT = 0.1, 1.5
 # prompt token's weight. (At half, the default simulator at 256 streams, whose prompts
 # mostly cap but whose lighter prefill steps identify the weight to 10%, was refused it.)
 CAPPED_SHARE = 0.75
+# Where more prefill than this ran at the cap at the fitted weight itself, the few steps below
+# the cap are all that tell the weight (at 79%, those left identify it to 5% on exact steps).
+FIT_CAPPED_SHARE = 0.9
 # The batch's peak is a server's batch limit where at least this share of the steps ran at it
 # (once or twice at the peak is only where load was highest).
 BATCH_CEILING_SHARE = 0.05
@@ -290,6 +293,12 @@ def _standard_errors(jac: np.ndarray, residuals: np.ndarray) -> np.ndarray:
     return np.where(diag > 0, np.sqrt(np.abs(diag)), np.inf)
 
 
+def _capped_share(steps: Steps, w: float, scale_w: float, gamma: float, cap: float) -> float:
+    """The share of prefill tokens in steps the model puts at the power cap, at weight ``w``."""
+    raw = scale_w * np.power(np.maximum(steps.decode + w * steps.prefill, 1e-9), gamma)
+    return float(steps.prefill[raw >= cap].sum()) / max(float(steps.prefill.sum()), 1e-9)
+
+
 def _pieces(knots: np.ndarray, steps: Steps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The steps cut at the meter's knots: (knot interval, step, duration ns) per piece."""
     pts = np.unique(np.concatenate((knots, steps.start, steps.end)))
@@ -391,9 +400,7 @@ def fit(
     else:
         error = _standard_errors(result.jac, result.fun)
         # at the cap even were a prompt token worth little: the weight found is not the run's
-        least = steps.decode + min(w, LEAST_PREFILL_WEIGHT) * steps.prefill
-        raw = scale_w * np.power(np.maximum(least, 1e-9), gamma)
-        capped = float(steps.prefill[raw >= cap].sum()) / max(float(steps.prefill.sum()), 1e-9)
+        capped = _capped_share(steps, min(w, LEAST_PREFILL_WEIGHT), scale_w, gamma, cap)
         if lo[2] * 1.001 < hi[2] and capped > CAPPED_SHARE:
             # a step at the power cap draws the same power whatever its prefill: the weight
             # the fit found there is an artefact of the rest of the model
@@ -402,6 +409,25 @@ def fit(
                 f"{CAPPED_PREFILL_WEIGHT:g} taken, as compute-bound tokens cost alike"
             )
             w = CAPPED_PREFILL_WEIGHT
+        elif (
+            lo[2] * 1.001 < hi[2]
+            and (at_fit := _capped_share(steps, w, scale_w, gamma, cap)) > FIT_CAPPED_SHARE
+        ):
+            # A weight that puts nearly all prefill at the cap fits as well as any larger one:
+            # the meter has only the few steps below the cap to tell it by, and at 256 streams
+            # (97% capped) those made it anything from 0.16 to 5.8 from run to run. What it
+            # does tell is a least weight: one that caps that prefill as the fit found it.
+            trial = np.geomspace(LEAST_PREFILL_WEIGHT, max(w, LEAST_PREFILL_WEIGHT), 32)
+            shares = [_capped_share(steps, x, scale_w, gamma, cap) for x in trial]
+            least = float(trial[np.argmax(np.asarray(shares) >= FIT_CAPPED_SHARE)])
+            kept = float(
+                np.clip(max(default_prefill_weight, least), LEAST_PREFILL_WEIGHT, MOST_PREFILL_WEIGHT)
+            )
+            notes.append(
+                f"prefill weight not identified ({at_fit:.0%} of prefill at the power cap at the "
+                f"fit's {w:.2g}, at least {least:.2g}): {kept:.2g} taken"
+            )
+            w = kept
         elif lo[2] * 1.001 < hi[2] and not LEAST_PREFILL_WEIGHT <= w <= MOST_PREFILL_WEIGHT:
             # outside what a prompt token weighs on any server we know: the fit has made up for
             # something else (a misplaced prompt, the meter's timing)

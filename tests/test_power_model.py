@@ -197,6 +197,19 @@ def test_a_prefill_weight_hidden_by_the_power_cap_is_not_claimed() -> None:
     assert any("ran at the power cap" in n for n in model.notes)
 
 
+@pytest.mark.parametrize("weight", [0.8, 1.2])
+def test_a_weight_that_caps_nearly_all_prefill_is_taken_only_as_a_least_weight(weight: float) -> None:
+    # 98% of prefill runs at the cap at the true weight: any weight that caps it fits alike,
+    # so the fit's own is not claimed. What the meter shows is a least weight (the one that
+    # caps 90% of prefill, about 0.45 here); it is taken where above the stated default.
+    model = fit_to(
+        PowerModel(static_w=60.0, scale_w=3.0, prefill_weight=weight, exponent=0.9, cap_w=400.0), 5
+    )
+    assert 0.3 < model.prefill_weight < 0.6
+    assert model.prefill_weight < weight
+    assert any("not identified" in n and "at least" in n for n in model.notes)
+
+
 def test_a_weight_below_the_cap_is_found_though_a_heavy_step_reaches_it() -> None:
     # a prompt token worth 0.3: 79% of prefill ran at the 400 W cap, but the steps whose
     # prompts were light enough to stay below it say what a prompt token weighs
