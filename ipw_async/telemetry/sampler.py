@@ -262,8 +262,11 @@ class Sampler:
                         probe_end = woke + self.probe_ns
                     # 1–3 ms on: on a fixed 2 ms grid every read would meet a 10 ms counter's
                     # updates at the same point, and all the updates would be timed off alike,
-                    # by up to a millisecond (then a 50 ms tick near an update saw the one before)
-                    probe_next = now_ns() + int(PROBE_INTERVAL_NS * self._phases.uniform(0.5, 1.5))
+                    # by up to a millisecond (then a 50 ms tick near an update saw the one
+                    # before). On from the schedule, not from a slow read's end: 4 ms apart
+                    # under load, a 10 ms counter looked as fast as its reads.
+                    step = int(PROBE_INTERVAL_NS * self._phases.uniform(0.5, 1.5))
+                    probe_next = max(probe_next + step, now_ns())
             if full is not None:
                 self.log.append(self._row(deadline, woke, full))
                 deadline += self.period_ns
