@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from ipw_async._clock import now_ns
+from ipw_async._clock import NS, now_ns
 from ipw_async.energy import counter_knots
 from ipw_async.telemetry import OpenSource, Sampler
 from ipw_async.telemetry.base import Meter, Reading, SourceInfo, TelemetrySource
@@ -205,3 +205,16 @@ async def test_a_counter_whose_period_the_probe_interval_divides_is_timed_to_its
     (grid,) = meter.grids
     assert grid.period_ns == pytest.approx(10 * MS, rel=0.01)
     assert off_grid(grid.phase_ns, source.origin - sampler.t0_ns, 10 * MS) < 0.3 * MS
+
+
+async def test_after_a_probe_the_ticks_read_the_counter_clear_of_its_updates() -> None:
+    # A 10 ms counter updating 0.2 ms after the first read: every 50 ms tick from there would
+    # read it 0.2 ms before an update, where a grid a fraction of a ms off (or drifting) gives
+    # the read the update after the one it saw. After the probe the ticks move to mid-period.
+    source = GridCounter(10.0, after_first_read_ms=0.2)
+    sampler = await sample_for(source, 1.2, probe_s=0.3)
+    stamps = sampler.log.frame().get_column("dev.t_ns").to_numpy().astype(float)
+    after_probe = stamps[stamps > 0.5 * NS]
+    since = np.mod(after_probe - (source.origin - sampler.t0_ns), 10 * MS)
+    assert after_probe.size >= 8
+    assert np.minimum(since, 10 * MS - since).min() > 3 * MS

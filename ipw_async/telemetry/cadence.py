@@ -25,6 +25,8 @@ PROBE_INTERVAL_NS = 2_000_000
 PROBE_EVERY_NS = 20_000_000_000
 PROBE_PATIENCE = 5
 MIN_UPDATES = 4
+# how finely the sampler tries out tick phases to keep its reads clear of counter updates
+CLEARANCE_STEP_NS = 250_000
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import os
 import random
 import sys
 import threading
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -16,7 +17,14 @@ import polars as pl
 from .._clock import NS, now_ns
 from ..stats import distribution
 from .base import Meter, Reading, SourceInfo, TelemetrySource, read_time, timed_read
-from .cadence import PROBE_EVERY_NS, PROBE_INTERVAL_NS, PROBE_PATIENCE, CounterGrid, learn_grid
+from .cadence import (
+    CLEARANCE_STEP_NS,
+    PROBE_EVERY_NS,
+    PROBE_INTERVAL_NS,
+    PROBE_PATIENCE,
+    CounterGrid,
+    learn_grid,
+)
 
 
 @dataclass
@@ -153,6 +161,7 @@ class Sampler:
         self.realtime = realtime
         self.probe_ns = int(probe_s * NS)
         self._phases = random.Random(0)  # where between updates each probe read falls
+        self._stamp_lags: deque[int] = deque(maxlen=32)  # counter read stamps after their tick, ns
         self.scheduling = "normal"
         self.log = TelemetryLog(sources)
         self.skipped = 0
@@ -248,12 +257,13 @@ class Sampler:
                 break
             woke = now_ns()
             full = self._read_all() if woke >= deadline else None
+            learned = False
             if probing and woke >= probe_next:
                 probe.append(self._read_counters() if full is None else list(full))
-                done = woke >= probe_end and self._learn_grids(
+                learned = woke >= probe_end and self._learn_grids(
                     probe, final=woke - probe_start >= PROBE_PATIENCE * self.probe_ns
                 )
-                if done:
+                if learned:
                     probe = []
                     probe_start = probe_next = start + ((woke - start) // PROBE_EVERY_NS + 1) * PROBE_EVERY_NS
                     probe_end = probe_start + self.probe_ns
@@ -268,6 +278,9 @@ class Sampler:
                     step = int(PROBE_INTERVAL_NS * self._phases.uniform(0.5, 1.5))
                     probe_next = max(probe_next + step, now_ns())
             if full is not None:
+                stamps = [read_time(*read) for read, c in zip(full, self._has_counter, strict=True) if c]
+                if stamps:
+                    self._stamp_lags.append(max(stamps) - deadline)
                 self.log.append(self._row(deadline, woke, full))
                 deadline += self.period_ns
                 behind = now_ns() - deadline
@@ -275,8 +288,31 @@ class Sampler:
                     missed = behind // self.period_ns + 1
                     self.skipped += int(missed)
                     deadline += int(missed) * self.period_ns
+            if learned:
+                deadline += self._clear_of_updates(deadline)
         if probe and now_ns() - probe_start >= self.probe_ns:  # one cut short shows too little
             self._learn_grids(probe, final=True)
+
+    def _clear_of_updates(self, deadline: int) -> int:
+        """How much later to put the ticks so that their counter reads fall between updates.
+
+        A read stamped just before an update, on a grid learned a fraction of a ms off (or
+        drifting by a period off by some µs), is timed to the update after the one it saw: a
+        whole period of energy in the wrong place. Reads as far from every update as the
+        tick period allows stay right however the grid drifts (a 50 ms tick and a 20 ms
+        counter: 5 ms either side)."""
+        grids = [g[-1] for g in self.grids.values() if g and g[-1].period_ns > 0]
+        if not grids or not self._stamp_lags:
+            return 0
+        lag = float(np.median(self._stamp_lags))
+        ticks = deadline - self.t0_ns + lag + np.arange(64) * self.period_ns
+        shifts = np.arange(0, self.period_ns, CLEARANCE_STEP_NS)
+        reads = shifts[:, None] + ticks[None, :]
+        clearance = np.full(shifts.size, np.inf)
+        for g in grids:
+            since = np.mod(reads - g.phase_ns, g.period_ns)
+            clearance = np.minimum(clearance, np.minimum(since, g.period_ns - since).min(axis=1))
+        return int(shifts[int(np.argmax(clearance))])
 
     def _learn_grids(self, probe: list[list[tuple[Reading, int, int] | None]], final: bool) -> bool:
         """Learn every counter's grid from a probe's reads; False (and nothing kept) while one
