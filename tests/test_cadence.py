@@ -217,4 +217,17 @@ async def test_after_a_probe_the_ticks_read_the_counter_clear_of_its_updates() -
     after_probe = stamps[stamps > 0.5 * NS]
     since = np.mod(after_probe - (source.origin - sampler.t0_ns), 10 * MS)
     assert after_probe.size >= 8
-    assert np.minimum(since, 10 * MS - since).min() > 3 * MS
+    # 5 ms either side at best, less a tick that woke late
+    assert np.minimum(since, 10 * MS - since).min() > 2 * MS
+
+
+async def test_a_slow_counters_period_is_pinned_by_a_second_probe_soon_after_the_first() -> None:
+    # 13 updates of a 76.7 ms counter in a 1 s probe time its period only to some 100s of ppm
+    # (10 ms adrift by 12 s into a run); a second probe 4 s later pins it from the span to
+    # some 10s of ppm
+    source = GridCounter(76.6658)
+    sampler = await sample_for(source, 6.6, probe_s=1.0)
+    (meter,) = sampler.meters
+    assert len(meter.grids) == 2
+    period = chained(meter.grids)[0].period_ns
+    assert period == pytest.approx(76.6658 * MS, rel=1e-4)

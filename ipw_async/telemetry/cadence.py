@@ -23,6 +23,7 @@ from scipy.optimize import linprog
 # for a slow counter, and the least updates it must see to trust a grid.
 PROBE_INTERVAL_NS = 2_000_000
 PROBE_EVERY_NS = 20_000_000_000
+SECOND_PROBE_AFTER_NS = 4_000_000_000  # the first two probes: a period from the span between them
 PROBE_PATIENCE = 5
 MIN_UPDATES = 4
 # how finely the sampler tries out tick phases to keep its reads clear of counter updates
@@ -130,20 +131,24 @@ def learn_grid(t: np.ndarray, e: np.ndarray) -> CounterGrid | None:
     slope, intercept = np.polyfit(k, updates, 1)
     if np.max(np.abs(updates - (intercept + slope * k))) > period / 4:
         return None  # not periodic
-    period, phase = _within_brackets(k, before, after, slope, intercept)
+    residuals = updates - (intercept + slope * k)
+    spread = float(np.sqrt(np.sum((k - k.mean()) ** 2)))
+    slope_error = float(np.std(residuals)) / spread if spread else 0.0
+    period, phase = _within_brackets(k, before, after, slope, intercept, 2 * slope_error)
     # the update mid-probe: a period off by some µs tilts the grid least there
     return CounterGrid(period, phase + float(np.median(k).round()) * period, start)
 
 
 def _within_brackets(
-    k: np.ndarray, before: np.ndarray, after: np.ndarray, slope: float, intercept: float
+    k: np.ndarray, before: np.ndarray, after: np.ndarray, slope: float, intercept: float, slack: float
 ) -> tuple[float, float]:
     """The grid (period, phase) that puts every update deepest inside the reads around it.
 
     Update k lies between the reads before and after it; reads at drifting phase make those
-    brackets agree on a grid far more closely than their midpoints do (a tenth of their
-    interval or better). The regression's grid where the brackets cannot all hold (a read
-    stamped late)."""
+    brackets agree on a phase far more closely than their midpoints do (a tenth of their
+    interval or better). The period stays within ``slack`` of the regression's: a slow
+    counter shows a probe few updates, and the deepest grid then tilted as far as 800 ppm.
+    The regression's grid where the brackets cannot all hold (a read stamped late)."""
     # unknowns: period and phase as offsets from the regression's (ns), and the margin
     ones = np.ones_like(k)
     a_ub = np.vstack(
@@ -154,7 +159,7 @@ def _within_brackets(
     )
     b_ub = np.concatenate((intercept + slope * k - before, after - intercept - slope * k))
     result = linprog(
-        c=[0.0, 0.0, -1.0], A_ub=a_ub, b_ub=b_ub, bounds=[(None, None), (None, None), (None, None)]
+        c=[0.0, 0.0, -1.0], A_ub=a_ub, b_ub=b_ub, bounds=[(-slack, slack), (None, None), (None, None)]
     )
     if not result.success or result.x[2] <= 0:
         return slope, intercept

@@ -22,6 +22,7 @@ from .cadence import (
     PROBE_EVERY_NS,
     PROBE_INTERVAL_NS,
     PROBE_PATIENCE,
+    SECOND_PROBE_AFTER_NS,
     CounterGrid,
     learn_grid,
 )
@@ -141,9 +142,9 @@ class Sampler:
     timer on it fires that late. The thread sleeps to each deadline, reads every source
     (blocking reads, off the loop) and appends the row. When a tick is missed entirely it is
     skipped (and counted), not bunched up. For ``probe_s`` at the start, and again every
-    20 s, it also reads every 2 ms, to learn when each energy counter updates (see
+    20 s, it also reads about every 2 ms, to learn when each energy counter updates (see
     :mod:`.cadence`); a counter too slow to show its grid in that time is probed up to five
-    times longer. With ``realtime`` the thread asks the OS for real-time scheduling: on a
+    times longer. After each probe the ticks move to read the counters clear of their updates. With ``realtime`` the thread asks the OS for real-time scheduling: on a
     machine whose cores are all busy (the server beside the harness) an ordinary thread can
     wait milliseconds to be run.
     """
@@ -250,6 +251,7 @@ class Sampler:
         probe_end = start + self.probe_ns
         probing = self.probe_ns > 0 and any(self._has_counter)
         probe: list[list[tuple[Reading, int, int] | None]] = []
+        probes = 0  # probes that learned their grids
         while not stop.is_set():
             wake = min(deadline, probe_next) if probing else deadline
             delay = wake - now_ns()
@@ -266,6 +268,12 @@ class Sampler:
                 if learned:
                     probe = []
                     probe_start = probe_next = start + ((woke - start) // PROBE_EVERY_NS + 1) * PROBE_EVERY_NS
+                    probes += 1
+                    if probes == 1:
+                        # one probe times a slow counter's period only to some 100 ppm (13
+                        # updates of a 77 ms one: 10 ms adrift by 12 s); the next, soon after,
+                        # pins it from the whole span between them (see cadence.chained)
+                        probe_start = probe_next = min(probe_next, woke + SECOND_PROBE_AFTER_NS)
                     probe_end = probe_start + self.probe_ns
                 else:
                     if woke >= probe_end:  # a counter too slow to show its grid yet: go on
