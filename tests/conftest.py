@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import compileall
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import ipw_async
 from ipw_async.harness import RunConfig
 from ipw_async.sim import EngineConfig, Faults, SimConfig, SimulatorProcess
+
+# A fresh checkout compiles each module the first time a run imports it, holding the GIL for
+# tens of ms mid-run (the sampler's ticks 65 ms late): the accuracy tests would measure that.
+compileall.compile_dir(Path(ipw_async.__file__).parent, quiet=1)
 
 
 def fast_engine(**overrides: object) -> EngineConfig:
