@@ -48,7 +48,9 @@ async def test_the_engine_s_own_steps_split_the_meter_to_its_resolution(tmp_path
     assert truth["steps"] and all(len(step) == 5 for step in truth["steps"])
     ids = [i for i in result.records.get_column("request_id").to_list() if str(i) in truth["requests"]]
     known = known_energy(result.run_dir, truth, engine)
-    assert _p95(known["logged steps"], truth["requests"], ids) < 0.04
+    # 1–3% here; 4.3% as the first test on a fresh CI machine. A reading given the wrong
+    # counter update (the timing this guards) made it 7–25%
+    assert _p95(known["logged steps"], truth["requests"], ids) < 0.06
     assert _p95(known["inferred steps"], truth["requests"], ids) < 0.2
     equal = _energy(finalize(result.run_dir, attribution="equal").records)
     own = _energy(finalize(result.run_dir).records)
