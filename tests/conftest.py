@@ -12,8 +12,9 @@ import ipw_async
 from ipw_async.harness import RunConfig
 from ipw_async.sim import EngineConfig, Faults, SimConfig, SimulatorProcess
 
-# A fresh checkout compiles each module the first time a run imports it, holding the GIL for
-# tens of ms mid-run (the sampler's ticks 65 ms late): the accuracy tests would measure that.
+# A fresh checkout compiles each module the first time a run imports it, mid-run: compiled
+# first, that cannot hold up the accuracy tests (the first of them, on a fresh CI clone, saw
+# its sampler's ticks up to 65 ms late; compiling was the likeliest cause found)
 compileall.compile_dir(Path(ipw_async.__file__).parent, quiet=1)
 
 
