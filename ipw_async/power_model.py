@@ -179,6 +179,7 @@ def _place_prefill(
     earliest = steps.start.copy()
     duration = steps.end - steps.start
     timed_steps = np.isfinite(duration) & (duration > 0) & ~cold  # a cold step's start is a guess
+    times_cold_steps = timed_steps.sum() >= MIN_TIMED_STEPS  # else the fit is a median, no model
     order = np.argsort(first_step, kind="stable")
     have = [(i, int(first_step[i])) for i in order if first_step[i] >= 0 and tokens[i] > 0]
     placed: dict[tuple[int, int], float] = {}
@@ -201,7 +202,7 @@ def _place_prefill(
     for _ in range(4):  # refit the step-time model with the placement it implies
         a, b, c = _fit_duration(duration[timed_steps], steps.decode[timed_steps], prefill[timed_steps])
         steps.duration_fit = {"base_ms": a / 1e6, "per_decode_ms": b / 1e6, "per_prefill_token_ms": c / 1e6}
-        if timed_steps.sum() >= MIN_TIMED_STEPS:
+        if times_cold_steps:
             modelled = a + b * steps.decode + c * prefill
             since = np.where(modelled > 0, np.maximum(earliest, steps.end - modelled), earliest)
             steps.start[cold] = since[cold]
