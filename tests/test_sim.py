@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import random
+import statistics
 import time
+from typing import Any
 
 import httpx
+import pytest
 
-from ipw_async.sim import SimConfig, SimulatorProcess, drawn_physics
+from ipw_async._clock import NS, now_ns
+from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess, drawn_physics
+from ipw_async.sim.device import Device
+from ipw_async.sim.engine import ABSENT, EFFECTS, Engine, SimRequest, effects_of
+from ipw_async.telemetry.sim import SimDeviceSource
 from ipw_async.workload.datasets import builtin_qa
 
 from .conftest import fast_engine
@@ -107,3 +116,315 @@ def test_physics_drawn_from_a_seed() -> None:
     assert all(512 <= d.prefill_budget_tokens <= 8192 and 10 <= d.counter_period_ms <= 500 for d in draws)
     assert {d.prefix_cache for d in draws} == {True, False}
     assert drawn_physics(1, static_w=99.0).static_w == 99.0  # a pinned field stays put
+
+
+# --- device physics: each real-device effect, driven on the engine and device directly ---
+
+_TODAYS_DRAWS = {  # drawn_physics(seed) before the effects existed (git cc20f05)
+    0: (
+        0.9222109257625241,
+        1.1611361641164235,
+        80.4685896997014,
+        22.94583751464817,
+        17.781868034215215,
+        0.1051830823906458,
+        0.044461594221855937,
+        1187,
+        64.5243932323604,
+        False,
+    ),
+    1: (
+        0.5671821220562006,
+        1.2864072317121258,
+        121.65295427719369,
+        22.753451286971085,
+        17.385877177298525,
+        0.1118849924631209,
+        0.03701598568696773,
+        4560,
+        14.436589996280313,
+        True,
+    ),
+    7: (
+        0.6619163824165812,
+        0.31118884349430265,
+        108.11213676478245,
+        13.621814333377138,
+        18.39705010766723,
+        0.09961343506076928,
+        0.01625586527200613,
+        2091,
+        11.579878402276718,
+        True,
+    ),
+}
+_DRAWN_FIELDS = (
+    "work_exponent",
+    "prefill_work",
+    "static_w",
+    "dynamic_w",
+    "step_base_ms",
+    "step_per_seq_ms",
+    "step_per_prefill_token_ms",
+    "prefill_budget_tokens",
+    "counter_period_ms",
+    "prefix_cache",
+)
+
+
+def _request(key: str, prompt_tokens: int, output_tokens: int, prompt: str = "") -> SimRequest:
+    return SimRequest(key, prompt_tokens, ["x"] * output_tokens, "length", prompt=prompt)
+
+
+async def _serve(engine: Engine, *requests: SimRequest) -> None:
+    """Submit the requests and read each to its end."""
+
+    async def drain(r: SimRequest) -> None:
+        while await r.out.get() is not None:
+            pass
+
+    for r in requests:
+        engine.submit(r)
+    await asyncio.gather(*(drain(r) for r in requests))
+
+
+async def _run(config: EngineConfig, *requests: SimRequest) -> Engine:
+    engine = Engine(config)
+    engine.start()
+    try:
+        await _serve(engine, *requests)
+    finally:
+        await engine.stop()
+    return engine
+
+
+def _nominal_s(config: EngineConfig, step: list[Any]) -> float:
+    """A logged step's duration before any stretch, from its chunks and decoders."""
+    _, _, chunks, decoders, _, _ = step
+    weighted = sum(w for _, _, w in chunks) / config.prefill_work
+    return (
+        config.step_base_ms
+        + config.step_per_seq_ms * (len(chunks) + len(decoders))
+        + config.step_per_prefill_token_ms * weighted
+    ) / 1000
+
+
+async def test_truth_adds_up_with_every_effect_on() -> None:
+    every = {k: v for setting in EFFECTS.values() for k, v in setting.items()}
+    config = fast_engine(record_steps=True, prefill_budget_tokens=512, **every)
+    assert effects_of(config) == list(EFFECTS)
+    engine = Engine(config)
+    engine.start()
+    try:
+        first = [_request(f"a{i}", 100 + 300 * i, 20 + 5 * i) for i in range(8)]
+        await _serve(engine, *first)
+        await asyncio.sleep(0.15)  # idle: a warm device cools, charged to idle
+        await _serve(engine, *(_request(f"b{i}", 800, 30) for i in range(12)))
+        truth = engine.truth()
+    finally:
+        await engine.stop()
+    requests = truth["requests"]
+    assert isinstance(requests, dict) and len(requests) == 20
+    total = truth["total_j"]
+    assert isinstance(total, float) and isinstance(truth["idle_j"], float)
+    assert sum(requests.values()) + truth["idle_j"] == pytest.approx(total, rel=1e-9)
+    metered = truth["metered_total_j"]
+    assert isinstance(metered, float) and 0.9 * total < metered < total  # a lagging meter trails
+    # the log accounts for every step's dynamic energy: the device's, above its (warm) static
+    steps = truth["steps"]
+    assert isinstance(steps, list) and steps and all(len(step) == 6 for step in steps)
+    dynamic = 0.0
+    for start, end, chunks, decoders, work, static_w in steps:
+        assert work == pytest.approx(sum(w for _, _, w in chunks) + sum(w for _, w in decoders))
+        assert config.static_w <= static_w <= config.static_w + config.thermal_leak_w
+        demanded = config.step_w + config.dynamic_w * work**config.work_exponent
+        dynamic += min(demanded, config.max_w - static_w) * (end - start) / 1e9
+    assert dynamic == pytest.approx(total - engine._settled_static_j, rel=1e-9)
+
+
+def test_a_lagging_meter_trails_the_true_energy_then_catches_up() -> None:
+    device = Device(EngineConfig(meter_lag_ms=50.0))
+    t0 = device.t0
+    device.set_power(t0 + NS, 200.0)
+    assert device.metered_power_at(t0 + NS + 50_000_000) == pytest.approx(70 + 200 * (1 - math.exp(-1)))
+    trail = device.energy_at(t0 + NS + NS // 2) - device.metered_energy_at(t0 + NS + NS // 2)
+    assert trail == pytest.approx(200 * 0.05, rel=1e-3)  # P·τ
+    device.set_power(t0 + 2 * NS, 0.0)
+    assert device.energy_at(t0 + 3 * NS) - device.metered_energy_at(t0 + 3 * NS) == pytest.approx(0, abs=1e-6)
+    assert device.energy_at(t0 + 3 * NS) == pytest.approx(70 * 3 + 200)
+
+
+async def test_a_lagging_meter_reports_lagged_power() -> None:
+    device = Device(EngineConfig(meter_lag_ms=50.0))
+    device.set_power(device.t0, 200.0)
+    await asyncio.sleep(0.02)
+    reading = device.readout()
+    assert 70 < reading["power_w"] < 269  # type: ignore[operator]
+    assert device.power_at(now_ns()) == 270.0
+
+
+def test_counter_updates_jitter_within_bounds_in_order_and_deterministically() -> None:
+    device = Device(EngineConfig(counter_period_ms=100.0, counter_jitter_ms=5.0))
+    period = 100_000_000
+    times = [device.update_time(k) for k in range(2000)]
+    offsets = [t - device.t0 - k * period for k, t in enumerate(times)]
+    assert offsets[0] == 0 and all(abs(u) <= 5_000_000 for u in offsets)
+    assert min(offsets) < -4_000_000 and max(offsets) > 4_000_000  # it does jitter
+    assert times == sorted(times)
+    again = Device(EngineConfig(counter_period_ms=100.0, counter_jitter_ms=5.0))
+    assert [again.update_time(k) - again.t0 for k in range(2000)] == [t - device.t0 for t in times]
+    rng = random.Random(0)
+    for t in (device.t0 + rng.randrange(0, 1999 * period) for _ in range(500)):
+        assert device.last_update(t) == max(u for u in times if u <= t)
+    # too much jitter is clamped below half a period, so updates stay in order
+    wild = Device(EngineConfig(counter_period_ms=10.0, counter_jitter_ms=8.0))
+    wild_times = [wild.update_time(k) for k in range(2000)]
+    assert wild_times == sorted(wild_times)
+    assert all(abs(t - wild.t0 - k * 10_000_000) < 5_000_000 for k, t in enumerate(wild_times))
+
+
+def test_static_power_warms_under_load_and_cools_when_idle() -> None:
+    device = Device(EngineConfig(thermal_leak_w=40.0, thermal_tau_s=1.0))
+    t0 = device.t0
+    assert device.set_power(t0, 315.0) == 70.0  # cold: target h = 315 / (700 - 70) = 0.5
+    warm = device.static_at(t0 + 3 * NS)
+    assert warm == pytest.approx(70 + 40 * 0.5 * (1 - math.exp(-3)))
+    device.set_power(t0 + 3 * NS, 0.0)
+    assert device.static_at(t0 + 6 * NS) == pytest.approx(70 + (warm - 70) * math.exp(-3))
+    assert device.static_energy_at(t0 + 6 * NS) == pytest.approx(70 * 3 + warm * 3)
+
+
+async def test_an_idle_engine_lets_its_warm_device_cool() -> None:
+    config = fast_engine(thermal_leak_w=50.0, thermal_tau_s=0.3, record_steps=True)
+    engine = Engine(config)
+    engine.start()
+    try:
+        await _serve(engine, *(_request(f"r{i}", 200, 60) for i in range(32)))
+        hot = engine.device.readout()
+        await asyncio.sleep(0.5)
+        cooled = engine.device.readout()
+        truth = engine.truth()
+    finally:
+        await engine.stop()
+    steps = truth["steps"]
+    assert isinstance(steps, list)
+    assert steps[0][5] == pytest.approx(70.0, abs=0.5) and steps[-1][5] > 75.0
+    assert hot["temperature_c"] > cooled["temperature_c"] > 30  # type: ignore[operator]
+    # the idle engine re-set the device's (held) static power as it cooled
+    assert cooled["power_w"] < steps[-1][5] - 2  # type: ignore[operator]
+    requests = truth["requests"]
+    assert isinstance(requests, dict)
+    assert sum(requests.values()) + truth["idle_j"] == pytest.approx(truth["total_j"], rel=1e-9)  # type: ignore[arg-type]
+
+
+async def test_at_the_power_limit_steps_stretch_and_keep_their_energy() -> None:
+    # steps long enough that the event loop's lateness (~1 ms a sleep) stays small beside them
+    limit = {"max_w": 150.0, "record_steps": True, "step_base_ms": 20.0, "step_w": 0.0}  # the curve alone
+    requests = [(f"r{i}", 50, 30) for i in range(16)]  # 16 decoders demand 28·16^0.6 ≈ 148 W > 80 W
+    ratios: dict[str, list[float]] = {}
+    for mode in ("stretch", "clip"):
+        config = fast_engine(power_limit=mode, **limit)
+        engine = await _run(config, *(_request(*r) for r in requests))
+        steps = engine.truth()["steps"]
+        assert isinstance(steps, list)
+        capped = [s for s in steps if config.dynamic_w * s[4] ** config.work_exponent > 80.0]
+        assert len(capped) > 20
+        demanded = [config.dynamic_w * s[4] ** config.work_exponent / 80.0 for s in capped]
+        ratios[mode] = [
+            (s[1] - s[0]) / 1e9 / _nominal_s(config, s) / d for s, d in zip(capped, demanded, strict=True)
+        ]
+        for start, end, *_ in capped[-5:]:
+            assert engine.device.power_at((start + end) // 2) == pytest.approx(150.0)
+    # stretched, a step lasts nominal × demanded / headroom: its dynamic energy is as demanded
+    assert 1.0 <= statistics.median(ratios["stretch"]) < 1.15
+    assert statistics.median(ratios["clip"]) < 0.75  # clipped, it lasts as long as ever
+    engine = Engine(fast_engine(power_limit="stretch", max_w=150.0, step_w=0.0))
+    assert engine._step_power(70.0, 16.0, 0.01) == pytest.approx((80.0, 0.01 * 28 * 16**0.6 / 80))
+    assert engine._step_power(70.0, 1.0, 0.01) == (28.0, 0.01)  # below the limit: as ever
+
+
+async def test_decode_work_and_step_time_grow_with_context() -> None:
+    context = {"context_work": 0.5, "step_per_context_ms": 1.0, "record_steps": True}
+    short = await _run(fast_engine(**context), _request("s", 100, 30))
+    long = await _run(fast_engine(**context), _request("l", 8000, 30))
+    works = [s[3][0][1] for s in long.step_log if s[3]]
+    assert works == sorted(works) and works[0] == pytest.approx(1 + 0.5 * 8.001)
+    assert works[-1] - works[0] == pytest.approx(0.5 * (len(works) - 1) / 1000)
+
+    def median_decode_ms(engine: Engine) -> float:
+        return statistics.median((s[1] - s[0]) / 1e6 for s in engine.step_log if s[3] and not s[2])
+
+    assert median_decode_ms(long) > median_decode_ms(short) + 5  # 8 ms more per step at 8k context
+
+
+async def test_later_prefill_chunks_of_a_long_prompt_cost_more() -> None:
+    config = fast_engine(
+        prefill_position_work=0.5, prefill_budget_tokens=512, record_steps=True, prefix_cache=True
+    )
+    prompt = "".join(f"token {i:05d} " for i in range(1400))  # 16,800 characters
+    engine = Engine(config)
+    engine.start()
+    try:
+        await _serve(engine, _request("first", 4096, 2, prompt))
+        await _serve(engine, _request("again", 4096, 2, prompt))
+    finally:
+        await engine.stop()
+    chunks = [(s[2][0], (s[1] - s[0]) / 1e6) for s in engine.step_log if s[2]]
+    first = [(c, ms) for c, ms in chunks if c[0] == "first"]
+    assert len(first) == 8 and all(c[1] == 512 for c, _ in first)
+    works = [c[2] for c, _ in first]
+    assert works == sorted(works)
+    positions = 512 * 3584 + 512 * 511 / 2  # the last chunk's positions, summed
+    assert works[-1] == pytest.approx(config.prefill_work * (512 + 0.5 * positions / 1000))
+    assert first[-1][1] > first[0][1] + 15  # and takes longer: 0.03 ms × 918 more weighted tokens
+    # cached tokens are skipped but keep their positions: the one token computed is the 4096th
+    ((cached, _),) = [(c, ms) for c, ms in chunks if c[0] == "again"]
+    assert cached[1] == 1 and cached[2] == pytest.approx(config.prefill_work * (1 + 0.5 * 4.095))
+
+
+def test_effects_off_draws_todays_physics() -> None:
+    for seed, values in _TODAYS_DRAWS.items():
+        for effects in (False, True):  # the effects come from a stream of their own
+            drawn = drawn_physics(seed, effects=effects)
+            assert tuple(getattr(drawn, name) for name in _DRAWN_FIELDS) == values
+        off = drawn_physics(seed, effects=False)
+        assert effects_of(off) == [] and all(getattr(off, k) == v for k, v in ABSENT.items())
+
+
+def test_each_effect_is_drawn_present_and_absent() -> None:
+    draws = [drawn_physics(seed) for seed in range(200)]
+    for name in EFFECTS:
+        present = sum(name in effects_of(d) for d in draws)
+        assert 20 < present < 180, name
+    assert {d.power_limit for d in draws} == {"clip", "stretch"}
+    assert any(d.max_w < 700 and d.power_limit == "clip" for d in draws)
+    for d in draws:
+        assert d.counter_jitter_ms <= max(0.5, d.counter_period_ms / 4)
+        assert d.max_w == 700.0 or 150 <= d.max_w - d.static_w <= 600
+    pinned = [drawn_physics(seed, meter_lag_ms=0.0, step_w=33.0, power_limit="clip") for seed in range(50)]
+    assert all(p.meter_lag_ms == 0.0 and p.step_w == 33.0 and p.power_limit == "clip" for p in pinned)
+    assert all("lag" not in effects_of(p) and "step" in effects_of(p) for p in pinned)
+    for name, setting in EFFECTS.items():
+        assert effects_of(EngineConfig(**(ABSENT | setting))) == [name]  # type: ignore[arg-type]
+    assert effects_of(EngineConfig(**ABSENT)) == []  # type: ignore[arg-type]
+    # the default device looks like a measured H100 server: a per-step cost, a lagging meter
+    # on a jittered grid, steps that stretch at the limit
+    assert effects_of(EngineConfig()) == ["step", "lag", "jitter", "stretch"]
+
+
+def test_bad_device_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="--power-limit must be one of clip, stretch"):
+        EngineConfig(power_limit="throttle")
+    with pytest.raises(ValueError, match="must exceed the warm static power"):
+        EngineConfig(max_w=100.0, thermal_leak_w=40.0)
+    with pytest.raises(ValueError, match="cannot be negative: meter_lag_ms"):
+        EngineConfig(meter_lag_ms=-1.0)
+
+
+def test_the_sim_source_reads_the_device_temperature(sim: SimulatorProcess) -> None:
+    source = SimDeviceSource(sim.root_url)
+    try:
+        assert "sim.temp_c" in source.open().columns
+        assert source.read().values["sim.temp_c"] == pytest.approx(30.0, abs=5)
+    finally:
+        source.close()

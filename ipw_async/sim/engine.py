@@ -2,31 +2,41 @@
 
 Requests queue, join the running batch up to ``max_batch``, and advance in discrete steps.
 A step prefills newly admitted prompts (up to a token budget, chunked) and decodes one token
-for every running sequence; its duration grows with batch size and prefill tokens, so TTFT
-and per-token time respond to load as on a real server.
+for every running sequence; its duration grows with batch size, prefill tokens and (with
+``step_per_context_ms``) the batch's context, so TTFT and per-token time respond to load as on
+a real server.
 
-The device draws ``static_w`` plus a dynamic power that grows sub-linearly with the step's
-work (decode tokens + ``prefill_work`` × prefill tokens). Each request's true energy is its
-work share of the dynamic energy of every step plus an equal share of static energy while it
-is on the server; with nothing on the server the static energy is idle. The device exposes
-what a GPU would: a cumulative counter in whole mJ that updates every ``counter_period_ms``,
-instantaneous power and 1-second averaged power.
+The device (:mod:`.device`) draws a static power plus, during a step, ``step_w`` and a dynamic
+power that grows sub-linearly with the step's work: a decoding sequence 1 + κ·context/1000, a
+prompt token ``prefill_work`` × (1 + κp·position/1000). At ``max_w`` it clips, or stretches the
+step. Each request's true energy is its work share of the dynamic energy of every step plus an
+equal share of static energy while it is on the server; with nothing on the server the static
+energy is idle. The device exposes what a GPU would: a cumulative counter in whole mJ on a
+(jittered) grid, instantaneous and 1-second averaged power (both possibly lagging), temperature.
+
+By default the device looks like a measured H100 server: a cost per step whatever its batch,
+a meter that trails the device by 40 ms on a counter grid jittered by 2 ms, and steps that
+stretch at the power limit; the other effects are off (:data:`ABSENT` turns every one off,
+:func:`drawn_physics` draws them).
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
+import contextlib
 import hashlib
 import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from .._clock import NS, now_ns
+from .._clock import now_ns
 from .._options import option
+from .device import Device
 
 TELEMETRY_KINDS = ("counter", "power", "avg-power")
+POWER_LIMITS = ("clip", "stretch")
+IDLE_RESET_S = 0.05  # how often an idle, warm device re-sets its (cooling) static power
 
 
 @dataclass
@@ -59,7 +69,42 @@ class EngineConfig:
     prefill_work: float = field(
         default=0.3, metadata=option("A prompt token's work relative to an output token.")
     )
-    max_w: float = 700.0
+    max_w: float = field(default=700.0, metadata=option("Device power limit in watts."))
+    power_limit: str = field(
+        default="stretch",
+        metadata=option(
+            "At the power limit: clip (power capped, steps as long as ever) or stretch (clocks "
+            "drop: steps last longer, their energy as demanded)."
+        ),
+    )
+    step_w: float = field(
+        default=60.0,
+        metadata=option("Power drawn while any step runs, whatever its batch (weight streaming, launches)."),
+    )
+    context_work: float = field(
+        default=0.0,
+        metadata=option("Extra work of a decoding sequence per 1000 tokens of its context (KV cache reads)."),
+    )
+    step_per_context_ms: float = field(
+        default=0.0, metadata=option("Extra step time per 1000 tokens of context across the batch.")
+    )
+    prefill_position_work: float = field(
+        default=0.0,
+        metadata=option("Extra work (and time) of a prompt token per 1000 tokens of position in its prompt."),
+    )
+    meter_lag_ms: float = field(
+        default=40.0, metadata=option("Time constant of the meter's lag behind the device's power, ms.")
+    )
+    counter_jitter_ms: float = field(
+        default=2.0,
+        metadata=option("Each counter update lands up to this many ms off its grid (fixed per update)."),
+    )
+    thermal_leak_w: float = field(
+        default=0.0, metadata=option("Static power added by a fully warm die, W (0: static never drifts).")
+    )
+    thermal_tau_s: float = field(
+        default=20.0, metadata=option("Time constant of the die warming and cooling, s.")
+    )
     counter_period_ms: float = field(
         default=100.0, metadata=option("Energy counter update period in ms.", "--counter-ms")
     )
@@ -95,17 +140,82 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.telemetry not in TELEMETRY_KINDS:
             raise ValueError(f"--device-telemetry must be one of {', '.join(TELEMETRY_KINDS)}")
+        if self.power_limit not in POWER_LIMITS:
+            raise ValueError(
+                f"--power-limit must be one of {', '.join(POWER_LIMITS)}, not {self.power_limit!r}"
+            )
+        if self.max_w <= self.static_w + self.thermal_leak_w:
+            raise ValueError(
+                f"--max-w ({self.max_w:g} W) must exceed the warm static power "
+                f"({self.static_w:g} + {self.thermal_leak_w:g} W)"
+            )
+        if self.thermal_tau_s <= 0:
+            raise ValueError("--thermal-tau-s must be positive")
+        negative = [name for name in _EFFECT_AMOUNTS if getattr(self, name) < 0]
+        if negative:
+            raise ValueError(f"cannot be negative: {', '.join(negative)}")
 
 
-def drawn_physics(seed: int, **fixed: object) -> EngineConfig:
+# every effect field at its absent value: the device as it was before they existed
+ABSENT: dict[str, object] = {
+    "step_w": 0.0,
+    "context_work": 0.0,
+    "step_per_context_ms": 0.0,
+    "prefill_position_work": 0.0,
+    "meter_lag_ms": 0.0,
+    "counter_jitter_ms": 0.0,
+    "thermal_leak_w": 0.0,
+    "thermal_tau_s": 20.0,
+    "max_w": 700.0,
+    "power_limit": "clip",
+}
+_EFFECT_AMOUNTS = (
+    "step_w",
+    "context_work",
+    "step_per_context_ms",
+    "prefill_position_work",
+    "meter_lag_ms",
+    "counter_jitter_ms",
+    "thermal_leak_w",
+)
+
+# one representative setting per effect, each within drawn_physics' ranges
+EFFECTS: dict[str, dict[str, object]] = {
+    "step": {"step_w": 60.0},
+    "context": {"context_work": 0.3, "step_per_context_ms": 0.02},
+    "position": {"prefill_position_work": 0.2},
+    "lag": {"meter_lag_ms": 50.0},
+    "jitter": {"counter_jitter_ms": 2.0},
+    "thermal": {"thermal_leak_w": 30.0, "thermal_tau_s": 20.0},
+    "stretch": {"max_w": 300.0, "power_limit": "stretch"},
+}
+
+
+def effects_of(config: EngineConfig) -> list[str]:
+    """The names (keys of :data:`EFFECTS`) of the real-device effects present in ``config``."""
+    present = {
+        "step": config.step_w > 0,
+        "context": config.context_work > 0 or config.step_per_context_ms > 0,
+        "position": config.prefill_position_work > 0,
+        "lag": config.meter_lag_ms > 0,
+        "jitter": config.counter_jitter_ms > 0,
+        "thermal": config.thermal_leak_w > 0,
+        "stretch": config.power_limit == "stretch",
+    }
+    return [name for name in EFFECTS if present[name]]
+
+
+def drawn_physics(seed: int, *, effects: bool = True, **fixed: object) -> EngineConfig:
     """A server and device drawn at random from ``seed``: the simulator as a family, so an
-    attribution rule is judged on physics it was not tuned to. ``fixed`` pins fields."""
+    attribution rule is judged on physics it was not tuned to. Each real-device effect is
+    present in about 60% of draws (none with ``effects=False``). ``fixed`` pins fields."""
     rng = random.Random(seed)
 
-    def log_uniform(low: float, high: float) -> float:
+    def log_uniform(low: float, high: float, rng: random.Random = rng) -> float:
         return math.exp(rng.uniform(math.log(low), math.log(high)))
 
     drawn: dict[str, object] = {
+        **ABSENT,  # an effect not drawn is absent, whatever the default device has
         "work_exponent": rng.uniform(0.5, 1.0),
         "prefill_work": rng.uniform(0.1, 1.5),
         "static_w": rng.uniform(30.0, 150.0),
@@ -117,6 +227,28 @@ def drawn_physics(seed: int, **fixed: object) -> EngineConfig:
         "counter_period_ms": log_uniform(10.0, 500.0),
         "prefix_cache": rng.random() < 0.5,
     }
+    if effects:
+        # a stream of its own, so the draws above stay what they were before effects existed
+        fx = random.Random(seed + 1_000_003)
+        period = float(fixed.get("counter_period_ms", drawn["counter_period_ms"]))  # type: ignore[arg-type]
+        static = float(fixed.get("static_w", drawn["static_w"]))  # type: ignore[arg-type]
+        if fx.random() < 0.6:
+            drawn["step_w"] = fx.uniform(10.0, 120.0)
+        if fx.random() < 0.6:
+            drawn["context_work"] = log_uniform(0.05, 1.0, fx)
+            drawn["step_per_context_ms"] = log_uniform(0.005, 0.05, fx)
+        if fx.random() < 0.6:
+            drawn["prefill_position_work"] = fx.uniform(0.05, 0.5)
+        if fx.random() < 0.6:
+            drawn["meter_lag_ms"] = fx.uniform(10.0, 100.0)
+        if fx.random() < 0.6:
+            drawn["counter_jitter_ms"] = fx.uniform(0.5, min(5.0, period / 4))
+        if fx.random() < 0.6:
+            drawn["thermal_leak_w"] = fx.uniform(5.0, 60.0)
+            drawn["thermal_tau_s"] = fx.uniform(5.0, 60.0)
+        if fx.random() < 0.5:
+            drawn["max_w"] = static + fx.uniform(150.0, 600.0)
+            drawn["power_limit"] = "stretch" if fx.random() < 0.5 else "clip"
     return EngineConfig(**(drawn | fixed))  # type: ignore[arg-type]
 
 
@@ -139,55 +271,6 @@ class SimRequest:
     @property
     def in_prefill(self) -> bool:
         return self.prefilled < self.prompt_tokens
-
-
-class Device:
-    """Energy as a piecewise-linear function of time, with GPU-like readouts."""
-
-    HISTORY_NS = 3 * NS
-
-    def __init__(self, config: EngineConfig) -> None:
-        self.config = config
-        self.t0 = now_ns()
-        self._starts: deque[int] = deque([self.t0])  # segment start times
-        self._energy: deque[float] = deque([0.0])  # energy at each segment start
-        self._power: deque[float] = deque([config.static_w])  # power over each segment
-
-    def set_power(self, t_ns: int, power_w: float) -> None:
-        """From t_ns on the device draws power_w."""
-        e = self.energy_at(t_ns)
-        self._starts.append(t_ns)
-        self._energy.append(e)
-        self._power.append(power_w)
-        while len(self._starts) > 2 and self._starts[1] < t_ns - self.HISTORY_NS:
-            self._starts.popleft()
-            self._energy.popleft()
-            self._power.popleft()
-
-    def energy_at(self, t_ns: int) -> float:
-        i = max(0, bisect.bisect_right(self._starts, t_ns) - 1)
-        return self._energy[i] + self._power[i] * max(0, t_ns - self._starts[i]) / NS
-
-    def power_at(self, t_ns: int) -> float:
-        return self._power[max(0, bisect.bisect_right(self._starts, t_ns) - 1)]
-
-    def readout(self) -> dict[str, float | int | None]:
-        """What the device reports now, as NVML would."""
-        t = now_ns()
-        period = int(self.config.counter_period_ms * 1e6)
-        t_update = t - (t - self.t0) % period if period > 0 else t
-        window = min(NS, t - self.t0)
-        avg = (self.energy_at(t) - self.energy_at(t - window)) / (window / NS) if window > 0 else None
-        mode = self.config.telemetry
-        every = self.config.dropout_every_s
-        if every and ((t - self.t0) // NS) % every == every - 1:
-            return {"t_ns": t, "energy_mj": None, "power_w": None, "avg_power_w": None}
-        return {
-            "t_ns": t,
-            "energy_mj": math.floor(self.energy_at(t_update) * 1000) if mode == "counter" else None,
-            "power_w": self.power_at(t) if mode in ("counter", "power") else None,
-            "avg_power_w": avg if mode in ("counter", "avg-power") else None,
-        }
 
 
 class PrefixCache:
@@ -220,6 +303,11 @@ class PrefixCache:
         self._blocks.update(self._keys(prompt))
 
 
+Chunk = tuple[SimRequest, int, float]  # a prompt's chunk in a step: request, tokens, work
+Row = tuple[SimRequest, float]  # a decoding sequence in a step: request, work
+StepEntry = tuple[int, int, list[list[object]], list[list[object]], float, float]
+
+
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -231,13 +319,13 @@ class Engine:
         self._idle = True
         self._settled_ns = self.device.t0
         self._settled_j = 0.0
+        self._settled_static_j = 0.0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.steps = 0
         self.generated_tokens = 0  # every token streamed, for the /metrics counter
         self.cache = PrefixCache() if config.prefix_cache else None
-        # per step: start and end (ns), [request, prompt tokens] chunks, decoding requests, work
-        self.step_log: list[tuple[int, int, list[tuple[str, int]], list[str], float]] = []
+        self.step_log: list[StepEntry] = []  # format: see truth()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -264,7 +352,12 @@ class Engine:
             request.finished_ns = t_ns
             self.finished[request.key] = request
 
-    def _step_plan(self) -> tuple[list[tuple[SimRequest, int]], list[SimRequest], float, float]:
+    def _positioned(self, first: int, tokens: int) -> float:
+        """Prompt tokens at positions first, first+1, … weighted by 1 + κp·position/1000."""
+        positions = tokens * first + tokens * (tokens - 1) / 2
+        return tokens + self.config.prefill_position_work * positions / 1000
+
+    def _step_plan(self) -> tuple[list[Chunk], list[Row], float, float]:
         """Admit, then plan one step: (prefill chunks, decoders, duration s, work units)."""
         cfg = self.config
         while self.waiting and len(self.running) < cfg.max_batch:
@@ -274,28 +367,46 @@ class Engine:
                 admitted.prefilled = admitted.cached_tokens
             self.running.append(admitted)
         budget = cfg.prefill_budget_tokens
-        prefill: list[tuple[SimRequest, int]] = []
-        decode: list[SimRequest] = []
+        prefill: list[Chunk] = []
+        decode: list[Row] = []
+        weighted = 0.0  # prompt tokens, weighted by position
+        context = 0  # tokens of context the decoders read
         for r in self.running:
             if r.in_prefill:
                 if budget > 0:
                     chunk = min(budget, r.prompt_tokens - r.prefilled)
                     budget -= chunk
-                    prefill.append((r, chunk))
+                    # cached tokens were skipped, but they still set the chunk's positions
+                    tokens = self._positioned(r.prefilled, chunk)
+                    weighted += tokens
+                    prefill.append((r, chunk, cfg.prefill_work * tokens))
             else:
-                decode.append(r)
-        p_tokens = sum(c for _, c in prefill)
+                seq_context = r.prompt_tokens + r.emitted
+                context += seq_context
+                decode.append((r, 1.0 + cfg.context_work * seq_context / 1000))
         seqs = len(decode) + len(prefill)
         duration = 0.0
         if not cfg.zero_delay:
             duration = (
-                cfg.step_base_ms + cfg.step_per_seq_ms * seqs + cfg.step_per_prefill_token_ms * p_tokens
+                cfg.step_base_ms
+                + cfg.step_per_seq_ms * seqs
+                + cfg.step_per_prefill_token_ms * weighted
+                + cfg.step_per_context_ms * context / 1000
             ) / 1000
-        return prefill, decode, duration, len(decode) + cfg.prefill_work * p_tokens
+        return prefill, decode, duration, sum(w for _, w in decode) + cfg.prefill_work * weighted
 
-    def _dynamic_power(self, work: float) -> float:
+    def _step_power(self, static_w: float, work: float, duration: float) -> tuple[float, float]:
+        """The step's dynamic power and duration, given the power limit."""
         cfg = self.config
-        return min(cfg.max_w - cfg.static_w, cfg.dynamic_w * work**cfg.work_exponent) if work > 0 else 0.0
+        if work <= 0:
+            return 0.0, duration
+        demanded = cfg.step_w + cfg.dynamic_w * work**cfg.work_exponent
+        headroom = cfg.max_w - static_w
+        if demanded <= headroom:
+            return demanded, duration
+        if cfg.power_limit == "stretch":  # clocks drop: the same energy at the limit, for longer
+            duration *= demanded / headroom
+        return headroom, duration
 
     async def _loop(self) -> None:
         cfg = self.config
@@ -304,10 +415,14 @@ class Engine:
             if not self.running and not self.waiting:
                 t = now_ns()
                 self._settle(t, [], [], [], 0.0)
-                device.set_power(t, cfg.static_w)
+                device.set_power(t, 0.0)
                 self._idle = True
                 self._wake.clear()
-                await self._wake.wait()
+                if cfg.thermal_leak_w > 0:  # static power is held per segment: re-set it as the die cools
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), IDLE_RESET_S)
+                else:
+                    await self._wake.wait()
                 self._settle(now_ns(), [], [], [], 0.0)
                 self._idle = False
                 continue
@@ -315,23 +430,26 @@ class Engine:
             start = now_ns()
             on_server = [*self.running, *self.waiting]
             self._settle(start, on_server, [], [], 0.0)
-            device.set_power(start, cfg.static_w + self._dynamic_power(work))
+            static_w = device.static_at(start)
+            dynamic_w, duration = self._step_power(static_w, work, duration)
+            device.set_power(start, dynamic_w)
             await asyncio.sleep(duration)
             end = now_ns()
             self.steps += 1
             self._settle(end, on_server, prefill, decode, work)
-            device.set_power(end, cfg.static_w)
+            device.set_power(end, 0.0)
             if cfg.record_steps:
-                self.step_log.append(
-                    (start, end, [(r.key, c) for r, c in prefill], [r.key for r in decode], work)
-                )
-            for r, chunk in prefill:
+                chunks: list[list[object]] = [[r.key, c, w] for r, c, w in prefill]
+                rows: list[list[object]] = [[r.key, w] for r, w in decode]
+                self.step_log.append((start, end, chunks, rows, work, static_w))
+            emitting = [r for r, _ in decode]
+            for r, chunk, _ in prefill:
                 r.prefilled += chunk
                 if not r.in_prefill:  # the step that completes a prompt also yields its first token
-                    decode.append(r)
+                    emitting.append(r)
                     if self.cache is not None:
                         self.cache.add(r.prompt)
-            for r in decode:
+            for r in emitting:
                 if r.finished_ns is not None:
                     continue
                 r.out.put_nowait(r.tokens[r.emitted])
@@ -343,22 +461,19 @@ class Engine:
                     self._finish(r, end)
 
     def _settle(
-        self,
-        t_ns: int,
-        on_server: list[SimRequest],
-        prefill: list[tuple[SimRequest, int]],
-        decode: list[SimRequest],
-        work: float,
+        self, t_ns: int, on_server: list[SimRequest], prefill: list[Chunk], decode: list[Row], work: float
     ) -> None:
-        """Charge the device's energy since the last settlement, so the truth adds up exactly.
+        """Charge the device's true energy since the last settlement, so the truth adds up exactly.
 
-        Static energy goes equally to the requests on the server (idle when none), the rest
-        to the step's work: a decode token one unit, a prefill token ``prefill_work``.
+        Static energy (as warm as the device is) goes equally to the requests on the server
+        (idle when none), the rest to the step's work, each request by its share of it.
         """
         energy = self.device.energy_at(t_ns)
+        static_j = self.device.static_energy_at(t_ns)
         delta = energy - self._settled_j
+        static = static_j - self._settled_static_j
         self._settled_j = energy
-        static = min(delta, self.config.static_w * (t_ns - self._settled_ns) / NS)
+        self._settled_static_j = static_j
         self._settled_ns = t_ns
         dynamic = delta - static
         if on_server:
@@ -369,10 +484,10 @@ class Engine:
             self.idle_energy_j += static
         if work > 0:
             per_work = dynamic / work
-            for r in decode:
-                r.energy_j += per_work
-            for r, chunk in prefill:
-                r.energy_j += per_work * self.config.prefill_work * chunk
+            for r, w in decode:
+                r.energy_j += per_work * w
+            for r, _, w in prefill:
+                r.energy_j += per_work * w
         elif on_server:
             for r in on_server:
                 r.energy_j += dynamic / len(on_server)
@@ -380,13 +495,21 @@ class Engine:
             self.idle_energy_j += dynamic
 
     def truth(self) -> dict[str, object]:
-        """Each finished request's true energy, and the idle energy, for scoring attribution."""
+        """Each finished request's true energy, and the idle energy, for scoring attribution.
+
+        ``total_j`` is the device's true energy; ``metered_total_j`` what its (lagging) meter
+        integrated by then. With ``record_steps``, ``steps`` lists each engine step as
+        ``(start_ns, end_ns, chunks, decoders, work, static_w)``: ``chunks`` as ``[request key,
+        prompt tokens in the chunk, the chunk's work]``, ``decoders`` as ``[request key, its
+        decode work]``, ``work`` the step's total and ``static_w`` the static power during it.
+        """
         if self._idle:
             self._settle(now_ns(), [], [], [], 0.0)
         return {
             "requests": {k: r.energy_j for k, r in self.finished.items()},
             "idle_j": self.idle_energy_j,
             "total_j": self._settled_j,
-            "counter_t0_ns": self.device.t0,  # the counter updates at t0 + k × period
+            "metered_total_j": self.device.metered_energy_at(self._settled_ns),
+            "counter_t0_ns": self.device.t0,  # the counter updates near t0 + k × period
             **({"steps": self.step_log} if self.config.record_steps else {}),
         }

@@ -1,4 +1,5 @@
-"""The simulator's device, read as NVML would be read: a counter in mJ, instant and average power."""
+"""The simulator's device, read as NVML would be read: a counter in mJ, instant and average power,
+temperature."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ class SimDeviceSource(TelemetrySource):
             self._columns.append(f"sim.{Quantity.POWER_W}")
         if first.get("avg_power_w") is not None:
             self._columns.append(f"sim.{Quantity.AVG_POWER_W}")
+        if first.get("temperature_c") is not None:
+            self._columns.append(f"sim.{Quantity.TEMP_C}")
         if not meters and f"sim.{Quantity.POWER_W}" in self._columns:
             meters.append(Meter("sim", "power", accelerator=True))
         elif not meters and f"sim.{Quantity.AVG_POWER_W}" in self._columns:
@@ -64,6 +67,7 @@ class SimDeviceSource(TelemetrySource):
             f"sim.{Quantity.ENERGY_J}": None if energy_mj is None else self.counter.update(energy_mj / 1000),
             f"sim.{Quantity.POWER_W}": raw.get("power_w"),
             f"sim.{Quantity.AVG_POWER_W}": raw.get("avg_power_w"),
+            f"sim.{Quantity.TEMP_C}": raw.get("temperature_c"),
         }
         t = raw.get("t_ns")
         return Reading(
