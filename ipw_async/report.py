@@ -19,12 +19,23 @@ def _num(value: float | None, fmt: str = ",.1f", unit: str = "") -> str:
 
 
 def describe_model(model: dict[str, Any]) -> str:
-    """A fitted power model in one line: static + scale · work^exponent, its cap and fit."""
+    """A fitted power model in one line: which effects the run chose, static + per-step +
+    scale · work^exponent, its cap, lag, drift and fit."""
     cap = f", cap {model['cap_w']:,.0f} W" if model.get("cap_w") is not None else ""
     fit = f", R² {model['r2']:.3f}" if model.get("r2") is not None else ""
+    step = f" + {model['step_w']:.3g} W a step" if model.get("step_w") else ""
+    context = (
+        f", +{model['context_weight_per_ktoken']:.2g}/k context"
+        if model.get("context_weight_per_ktoken")
+        else ""
+    )
+    lag = f", meter lag {model['lag_ms']:.0f} ms" if model.get("lag_ms") else ""
+    drift = (model.get("static_drift") or {}).get("coef_w")
+    drifting = ", static drifts" if drift else ""
+    name = f"{model['model']}: " if model.get("model") else ""
     return (
-        f"{model['static_w']:,.1f} W + {model['scale_w']:.3g}·work^{model['exponent']:.2f} W{cap}; "
-        f"prefill token = {model['prefill_weight']:.2f} decode{fit}"
+        f"{name}{model['static_w']:,.1f} W{step} + {model['scale_w']:.3g}·work^{model['exponent']:.2f} W{cap}"
+        f"{context}; prefill token = {model['prefill_weight']:.2f} decode{lag}{drifting}{fit}"
     )
 
 

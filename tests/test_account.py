@@ -45,7 +45,7 @@ async def test_the_engine_s_own_steps_split_the_meter_to_its_resolution(tmp_path
         )
         result = await run_benchmark(config)
         truth = httpx.get(f"{sim.root_url}/sim/truth", timeout=10).json()
-    assert truth["steps"] and all(len(step) == 5 for step in truth["steps"])
+    assert truth["steps"] and all(len(step) == 6 for step in truth["steps"])
     ids = [i for i in result.records.get_column("request_id").to_list() if str(i) in truth["requests"]]
     known = known_energy(result.run_dir, truth, engine)
     # 1–3% here; 4.3% as the first test on a fresh CI machine. A reading given the wrong

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from ipw_async import run_benchmark
 from ipw_async.analysis.rundir import load_run
 from ipw_async.energy import AttributionConfig, attribute, counter_knots
-from ipw_async.power_model import step_starts
+from ipw_async.energy.steps import step_starts
 from ipw_async.records import RequestRecord, records_frame
 from ipw_async.telemetry.base import Meter
 from ipw_async.telemetry.cadence import CounterGrid

@@ -17,7 +17,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ..energy import AttributionConfig, extend_counter, request_windows, virtual_counter
+from .._clock import NS
+from ..energy import AttributionConfig, request_windows, virtual_counter
+from ..energy.counter import covering
+from ..energy.split import Timeline, density, equal_segments
 from ..telemetry.base import Meter
 from .rundir import RunDir
 
@@ -41,14 +44,6 @@ def phase_spans(records: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray
     }
 
 
-def active_count(bounds: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """How many [start, end) spans cover each elementary interval between ``bounds``."""
-    delta = np.zeros(bounds.size + 1)
-    np.add.at(delta, np.searchsorted(bounds, start), 1)
-    np.add.at(delta, np.searchsorted(bounds, end), -1)
-    return np.cumsum(delta)[: bounds.size - 1]
-
-
 def meter_breakdown(
     telemetry: pl.DataFrame,
     meter: Meter,
@@ -62,20 +57,17 @@ def meter_breakdown(
         return {"kind": meter.kind, "reason": "the meter has fewer than two usable readings"}
     spans = phase_spans(records)
     sent, end = spans["prefill"][0], np.concatenate([spans["prefill"][1], spans["decode"][1]])
-    if sent.size:
-        # as the attribution does: requests outside the telemetry span get imputed energy
-        vc = extend_counter(vc, float(sent.min()), float(end.max()))
-    edges = np.concatenate([vc.t, *(a for pair in spans.values() for a in pair)])
-    bounds = np.unique(edges[(edges >= vc.t[0]) & (edges <= vc.t[-1])])
-    d_e = np.diff(np.interp(bounds, vc.t, vc.e))
-    dt_s = np.diff(bounds) / 1e9
-    prefill = active_count(bounds, *spans["prefill"]) > 0
-    decode = active_count(bounds, *spans["decode"]) > 0
+    # as the attribution does: requests outside the telemetry span get imputed energy
+    vc = covering(vc, sent, end)
+    prefilling, decoding = equal_segments(*spans["prefill"]), equal_segments(*spans["decode"])
+    # the attribution's own cut of the meter: the parts add up as its split does
+    timeline = Timeline(vc, prefilling, [decoding], sent.size)
+    prefill = density(timeline.bounds, prefilling)[0] > 0
+    decode = density(timeline.bounds, decoding)[0] > 0
     phase = np.where(prefill, 0, np.where(decode, 1, 2))
-    knot = np.clip(np.searchsorted(vc.t, (bounds[:-1] + bounds[1:]) / 2) - 1, 0, vc.imputed.size - 1)
-    energy = np.bincount(phase, weights=d_e, minlength=3)
-    seconds = np.bincount(phase, weights=dt_s, minlength=3)
-    imputed = np.bincount(phase, weights=d_e * vc.imputed[knot], minlength=3)
+    energy = np.bincount(phase, weights=timeline.d_e, minlength=3)
+    seconds = np.bincount(phase, weights=timeline.dt / NS, minlength=3)
+    imputed = np.bincount(phase, weights=timeline.d_e * timeline.imputed, minlength=3)
     parts = float(energy.sum())
     total = reference_j if reference_j is not None else float(vc.e[-1] - vc.e[0])
     return {

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 from scipy import stats
 
 from ..energy import request_windows
+from ..telemetry.base import time_column
 from .plotting import PlotReport, SkipPlot, new_figure, render, title_suffix
 from .regression import PAIRS, fit, points
 from .rundir import HEADLINE, RunDir, column, energy_columns, load_run
@@ -98,7 +99,7 @@ def power_timeline(run: RunDir) -> Figure:
     fig = new_figure(9, 4.5)
     ax = fig.add_subplot()
     for channel, source, power_col in series:
-        rows = run.telemetry.select(f"{source}.t_ns", power_col).drop_nulls()
+        rows = run.telemetry.select(time_column(source), power_col).drop_nulls()
         ax.plot(rows[:, 0].to_numpy() / 1e9, rows[:, 1].to_numpy(), lw=1, label=f"{channel} power")
     ax.set_xlabel("time since run start (s)")
     ax.set_ylabel("power (W)")

@@ -9,57 +9,73 @@ inferred steps, and how much the fitted model: the decomposition behind
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from ..energy import AttributionConfig, request_windows, split_known
+from ..energy import AttributionConfig, request_windows, split_with_known
+from ..energy.model import Drift, PowerModel
+from ..energy.steps import Steps, steps_of
 from ..harness.directory import Manifest
 from ..harness.finalize import read_records, read_telemetry
-from ..power_model import PowerModel, Steps, steps_of
 from .engine import EngineConfig
 
 
 def physics(engine: EngineConfig) -> PowerModel:
-    """The simulated device's power model, in the shape the run fits."""
+    """The simulated device's power model, in the shape the run fits (its work as logged: the
+    context and position terms are in each logged entry's work already)."""
     return PowerModel(
         static_w=engine.static_w,
         scale_w=engine.dynamic_w,
         prefill_weight=engine.prefill_work,
         exponent=engine.work_exponent,
         cap_w=engine.max_w - engine.static_w,
+        step_w=engine.step_w,
+        lag_ms=engine.meter_lag_ms,
     )
 
 
-def logged_steps(requests: pl.DataFrame, truth: dict[str, Any], t0_ns: int) -> Steps:
+def logged_steps(requests: pl.DataFrame, truth: dict[str, Any], t0_ns: int, prefill_work: float) -> Steps:
     """The engine's steps as it logged them, on the run's clock (``t0_ns``: the run's start on
-    the shared monotonic clock), with each request's work (``requests``: request windows)."""
+    the shared monotonic clock), with each request's logged work (``requests``: request
+    windows): a prompt chunk's work as ``prefill_work`` per token, so the model weighs it back."""
     index = {str(r): i for i, r in enumerate(requests.get_column("request_id").to_list())}
     start, end, decode, prefill = [], [], [], []
     req, step, entry_decode, entry_prefill = [], [], [], []
-    for a, b, chunks, decoders, _work in truth["steps"]:
+    for a, b, chunks, decoders, _work, _static in truth["steps"]:
         k = len(start)
         start.append(a - t0_ns)
         end.append(b - t0_ns)
-        decode.append(len(decoders))
-        prefill.append(sum(c for _, c in chunks))
-        for key, tokens in chunks:
+        decode.append(sum(w for _, w in decoders))
+        prefill.append(sum(w for _, _, w in chunks) / prefill_work)
+        for key, _tokens, work in chunks:
             if key in index:
                 req.append(index[key])
                 step.append(k)
                 entry_decode.append(0.0)
-                entry_prefill.append(float(tokens))
-        for key in decoders:
+                entry_prefill.append(work / prefill_work)
+        for key, work in decoders:
             if key in index:
                 req.append(index[key])
                 step.append(k)
-                entry_decode.append(1.0)
+                entry_decode.append(float(work))
                 entry_prefill.append(0.0)
     floats = [np.asarray(v, dtype=float) for v in (start, end, decode, prefill)]
     ints = [np.asarray(v, dtype=int) for v in (req, step)]
-    return Steps(*floats, *ints, np.asarray(entry_decode), np.asarray(entry_prefill))
+    zeros = np.zeros(len(req))
+    return Steps(*floats, *ints, np.asarray(entry_decode), np.asarray(entry_prefill), zeros, zeros)
+
+
+def logged_static(truth: dict[str, Any], t0_ns: int, static_w: float) -> Drift | None:
+    """Static power as the engine logged it step by step, where it drifted (a warming die)."""
+    t = np.array([(a + b) / 2 - t0_ns for a, b, *_ in truth["steps"]], dtype=float)
+    static = np.array([row[5] for row in truth["steps"]], dtype=float)
+    if t.size < 2 or np.ptp(static) == 0:
+        return None
+    return Drift(t, static - static_w, 1.0, "logged static")
 
 
 def known_energy(
@@ -80,13 +96,14 @@ def known_energy(
         raise ValueError(f"{run_dir} has no accelerator meter: was it a simulator run?")
     requests = request_windows(read_records(run_dir))
     config = AttributionConfig(session_starts_ns=manifest.session_starts_ns)
-    model = physics(engine)
+    t0 = manifest.anchor.monotonic_ns
+    model = replace(physics(engine), drift=logged_static(truth, t0, engine.static_w))
     ids = requests.get_column("request_id").to_list()
     out = {}
     for name, steps in (
-        ("logged steps", logged_steps(requests, truth, manifest.anchor.monotonic_ns)),
+        ("logged steps", logged_steps(requests, truth, t0, engine.prefill_work)),
         ("inferred steps", steps_of(requests)),
     ):
-        energy = split_known(telemetry, meter, requests, steps, model, config)
+        energy = split_with_known(telemetry, meter, requests, steps, model, config)
         out[name] = dict(zip(ids, energy.tolist(), strict=True))
     return out

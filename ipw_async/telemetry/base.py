@@ -28,6 +28,11 @@ class Quantity(StrEnum):
     RSS_MB = "rss_mb"
 
 
+def time_column(source: str) -> str:
+    """The column of a source's reading times (ns since run start)."""
+    return f"{source}.t_ns"
+
+
 @dataclass(frozen=True)
 class Meter:
     """A channel that measures energy: one GPU, one RAPL domain, the simulated device.
@@ -53,6 +58,15 @@ class Meter:
     @property
     def power_column(self) -> str:
         return f"{self.channel}.{self.power_quantity}"
+
+    @property
+    def temperature_column(self) -> str:
+        return f"{self.channel}.{Quantity.TEMP_C}"
+
+    @property
+    def time_column(self) -> str:
+        """When each of its source's readings was taken."""
+        return time_column(self.source)
 
     def as_dict(self) -> dict[str, Any]:
         return {

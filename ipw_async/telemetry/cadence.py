@@ -42,6 +42,9 @@ class CounterGrid:
     period_ns: float
     phase_ns: float = 0.0
     learned_at_ns: float = 0.0
+    # how far an update may land from the grid: the probe's read interval, or the updates'
+    # own scatter about the grid where the counter's clock jitters more than that
+    resolution_ns: float = PROBE_INTERVAL_NS
 
     def last_update(self, t: np.ndarray) -> np.ndarray:
         """The update each read at ``t`` saw."""
@@ -54,11 +57,18 @@ class CounterGrid:
             "period_ms": self.period_ns / 1e6,
             "phase_ns": self.phase_ns,
             "learned_at_ns": self.learned_at_ns,
+            "resolution_ms": self.resolution_ns / 1e6,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CounterGrid:
-        return cls(float(data["period_ms"]) * 1e6, float(data["phase_ns"]), float(data["learned_at_ns"]))
+        resolution_ms = float(data.get("resolution_ms", PROBE_INTERVAL_NS / 1e6))  # runs before it had one
+        return cls(
+            float(data["period_ms"]) * 1e6,
+            float(data["phase_ns"]),
+            float(data["learned_at_ns"]),
+            resolution_ms * 1e6,
+        )
 
 
 def chained(grids: tuple[CounterGrid, ...]) -> tuple[CounterGrid, ...]:
@@ -135,8 +145,11 @@ def learn_grid(t: np.ndarray, e: np.ndarray) -> CounterGrid | None:
     spread = float(np.sqrt(np.sum((k - k.mean()) ** 2)))
     slope_error = float(np.std(residuals)) / spread if spread else 0.0
     period, phase = _within_brackets(k, before, after, slope, intercept, 2 * slope_error)
+    scatter = float(np.max(np.abs(updates - (phase + period * k))))
     # the update mid-probe: a period off by some µs tilts the grid least there
-    return CounterGrid(period, phase + float(np.median(k).round()) * period, start)
+    return CounterGrid(
+        period, phase + float(np.median(k).round()) * period, start, max(resolution, scatter)
+    )
 
 
 def _within_brackets(

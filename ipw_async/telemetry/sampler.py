@@ -16,7 +16,7 @@ import polars as pl
 
 from .._clock import NS, now_ns
 from ..stats import distribution
-from .base import Meter, Reading, SourceInfo, TelemetrySource, read_time, timed_read
+from .base import Meter, Reading, SourceInfo, TelemetrySource, read_time, time_column, timed_read
 from .cadence import (
     CLEARANCE_STEP_NS,
     PROBE_EVERY_NS,
@@ -46,7 +46,7 @@ class TelemetryLog:
         self.sources = sources
         names = ["t_ns", "lateness_ns"]
         for s in sources:
-            names += [f"{s.source.name}.t_ns", f"{s.source.name}.read_ns", *s.info.columns]
+            names += [time_column(s.source.name), f"{s.source.name}.read_ns", *s.info.columns]
         self.columns: dict[str, list[float | int | None]] = {n: [] for n in names}
         self._lock = threading.Lock()  # the sampler thread appends while the loop reads
 
@@ -205,7 +205,7 @@ class Sampler:
         row: dict[str, float | int | None] = {"t_ns": deadline - t0, "lateness_ns": woke - deadline}
         for s, (reading, start, latency) in zip(self._sources, reads, strict=True):
             name = s.source.name
-            row[f"{name}.t_ns"] = read_time(reading, start, latency) - t0
+            row[time_column(name)] = read_time(reading, start, latency) - t0
             row[f"{name}.read_ns"] = latency
             row.update(reading.values)
         return row

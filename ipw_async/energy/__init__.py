@@ -1,0 +1,25 @@
+"""Per-query energy from a run's telemetry: every joule goes to a query or to idle.
+
+The stages, each a module: :mod:`.counter` (a meter as a virtual counter), :mod:`.steps`
+(engine steps inferred from token arrivals, with each request's work), :mod:`.work` (that work
+as weights for the split), :mod:`.model` and :mod:`.fit` (the device's power model, as rich as
+the run supports), :mod:`.split` (the conservation-keeping split), :mod:`.band` (the least and
+most each query could have used) and :mod:`.attribute` (per meter, the rule, the columns and
+the summary).
+"""
+
+from .attribute import RULES, AttributionConfig, MeterResult, attribute, request_windows, split_with_known
+from .counter import counter_knots, energy_over, extend_counter, virtual_counter
+
+__all__ = [
+    "RULES",
+    "AttributionConfig",
+    "MeterResult",
+    "attribute",
+    "counter_knots",
+    "energy_over",
+    "extend_counter",
+    "request_windows",
+    "split_with_known",
+    "virtual_counter",
+]

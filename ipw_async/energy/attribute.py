@@ -1,0 +1,305 @@
+"""Per meter: the rule's split, the band, and the columns and summary the run writes.
+
+A rule is an entry of :data:`RULES`: how it weighs the work in each meter interval, what static
+power it shares equally, and whether it pools a meter interval's dynamic energy over the work
+in it. ``fitted`` (the default) weighs each inferred step by the power model fitted to the run;
+``tokens`` counts work linearly, a prompt token at ``prefill_weight``; ``equal`` gives every
+active request the same; ``window`` gives each request its whole window's device energy, as a
+sequential profiler reports (it counts overlaps again: no conservation, no band).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from .._clock import NS
+from ..records import end_ns
+from ..telemetry.base import Meter
+from .band import band, perturbed
+from .counter import VirtualCounter, counter_timing, covering, idle_power, series, virtual_counter
+from .fit import Problem, fit
+from .model import PowerModel
+from .split import Segments, Timeline, equal_segments, safe_div
+from .steps import Steps
+from .work import Work, model_segments
+
+DEFAULT_PREFILL_WEIGHT = 0.25  # a prompt token's work against an output token (prefill is batched)
+
+
+@dataclass(frozen=True)
+class AttributionConfig:
+    rule: str = "fitted"
+    prefill_weight: float = DEFAULT_PREFILL_WEIGHT
+    baseline_w: float | None = None  # given idle power for accelerator meters
+    baseline_window_ns: tuple[int, int] | None = None  # measure idle power over this window
+    session_starts_ns: tuple[int, ...] = ()  # resumed sessions: no energy counted across the gap
+    gap_factor: float = 4.0  # a telemetry gap longer than this × median spacing is imputed
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"unknown attribution rule {self.rule!r}; choose one of {', '.join(RULES)}")
+
+
+@dataclass
+class MeterResult:
+    """One meter's attribution: per-request arrays aligned with the requests frame."""
+
+    meter: str
+    kind: str
+    energy_j: np.ndarray
+    window_j: np.ndarray
+    provenance: list[str]
+    mean_power_w: np.ndarray
+    low_j: np.ndarray  # the band: the least and the most each request could have used
+    high_j: np.ndarray
+    totals: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Inputs:
+    """What every rule may split by, for one meter."""
+
+    requests: pl.DataFrame
+    work: Work
+    active: Segments
+    baseline: float | None
+    prefill_weight: float
+    model: PowerModel | None
+
+
+@dataclass(frozen=True)
+class Split:
+    """How one rule splits: weights (where the meter sees the work), static power (W, a
+    constant or a function of time) and whether a meter interval's energy is pooled over its work."""
+
+    segments: Segments
+    static: float | Callable[[np.ndarray], float | np.ndarray] | None
+    pooled: bool
+
+
+def _fitted(inputs: _Inputs) -> Split:
+    if inputs.model is None:  # a host meter: the power model describes the accelerator
+        return _tokens(inputs)
+    return _model_split(inputs.requests, inputs.work.steps, inputs.model)
+
+
+def _model_split(requests: pl.DataFrame, steps: Steps, model: PowerModel) -> Split:
+    return Split(model_segments(requests, steps, model), model.static_at, True)
+
+
+def _tokens(inputs: _Inputs) -> Split:
+    return Split(inputs.work.placed.weighted(inputs.prefill_weight), inputs.baseline, True)
+
+
+def _equal(inputs: _Inputs) -> Split:
+    return Split(inputs.active, inputs.baseline, False)
+
+
+# each rule's split; ``window`` has none
+RULES: dict[str, Callable[[_Inputs], Split] | None] = {
+    "fitted": _fitted,
+    "tokens": _tokens,
+    "equal": _equal,
+    "window": None,
+}
+
+
+def _split_all(vc: VirtualCounter, active: Segments, splits: list[Split], n: int) -> list[np.ndarray]:
+    """Each split's per-request energy, over one timeline."""
+    timeline = Timeline(vc, active, [s.segments for s in splits], n)
+    return [_apply(timeline, s)[0] for s in splits]
+
+
+def _apply(timeline: Timeline, split: Split) -> tuple[np.ndarray, np.ndarray, float, float]:
+    static = split.static(timeline.mid) if callable(split.static) else split.static
+    return timeline.split(split.segments, static, pooled=split.pooled)
+
+
+def request_windows(records: pl.DataFrame) -> pl.DataFrame:
+    """The requests that reached the server, with ``end_ns`` (see :func:`records.end_ns`)."""
+    return records.with_columns(end_ns().alias("end_ns")).filter(pl.col("sent_ns").is_not_null())
+
+
+def _windows(requests: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    return (
+        requests.get_column("sent_ns").to_numpy().astype(float),
+        requests.get_column("end_ns").to_numpy().astype(float),
+    )
+
+
+def split_with_known(
+    telemetry: pl.DataFrame,
+    meter: Meter,
+    requests: pl.DataFrame,
+    steps: Steps,
+    model: PowerModel,
+    config: AttributionConfig,
+) -> np.ndarray:
+    """Each request's energy when the engine's steps and the device's power model are known
+    rather than inferred (a simulator's own account): the same pooled split of every meter
+    interval, so what remains against the truth is what the meter could not resolve."""
+    sent, end = _windows(requests)
+    vc = covering(virtual_counter(telemetry, meter, config.gap_factor, config.session_starts_ns), sent, end)
+    if vc is None or not requests.height:
+        return np.full(requests.height, np.nan)
+    return _split_all(vc, equal_segments(sent, end), [_model_split(requests, steps, model)], requests.height)[0]
+
+
+def _temperature(telemetry: pl.DataFrame, meter: Meter) -> tuple[np.ndarray, np.ndarray] | None:
+    read = series(telemetry, meter.time_column, meter.temperature_column)
+    return None if read is None or np.ptp(read[1]) == 0 else read
+
+
+def _baseline_w(vc: VirtualCounter, meter: Meter, config: AttributionConfig) -> float | None:
+    if config.baseline_w is not None and meter.accelerator:
+        return config.baseline_w
+    if config.baseline_window_ns is None:
+        return None
+    return idle_power(vc, config.baseline_window_ns)
+
+
+def _missing(meter: Meter, n: int) -> MeterResult:
+    nan = np.full(n, np.nan)
+    reason = {"kind": meter.kind, "missing_reason": "the source produced fewer than two readings"}
+    return MeterResult(meter.channel, meter.kind, nan, nan, ["missing"] * n, nan, nan, nan, reason)
+
+
+def attribute_meter(
+    telemetry: pl.DataFrame, meter: Meter, requests: pl.DataFrame, config: AttributionConfig, work: Work
+) -> MeterResult:
+    """Attribute one meter's energy to ``requests`` (a :func:`request_windows` frame, whose
+    ``work`` is :meth:`Work.of` it)."""
+    n = requests.height
+    base_prov = {"counter": "measured", "power": "integrated", "estimate": "estimated"}[meter.kind]
+    sent, end = _windows(requests)
+    vc = covering(virtual_counter(telemetry, meter, config.gap_factor, config.session_starts_ns), sent, end)
+    if vc is None:
+        return _missing(meter, n)
+    # the extension beyond the telemetry is imputed: it adds to both terms alike
+    measured_j = float(vc.e[-1] - vc.e[0] - np.sum(np.diff(vc.e)[vc.imputed]))
+    baseline = _baseline_w(vc, meter, config)
+    rule = RULES[config.rule]
+    # the device's power model, fitted to the run: the fitted rule's split, part of every
+    # rule's band, and in the summary; it describes the accelerator, not a host meter
+    model, alike = None, []
+    if meter.accelerator and n and rule is not None:
+        problem = Problem(vc, work.steps, baseline, config.prefill_weight, _temperature(telemetry, meter))
+        model, alike = fit(problem)
+    inputs = _Inputs(requests, work, equal_segments(sent, end), baseline, config.prefill_weight, model)
+    window = np.interp(end, vc.t, vc.e) - np.interp(sent, vc.t, vc.e)
+    if rule is None:
+        timeline = Timeline(vc, inputs.active, [], n)
+        _, imputed_part, idle, pooled_idle = timeline.split(inputs.active, baseline, pooled=True)
+        energy = window
+        low = high = np.full(n, np.nan)  # the window rule counts overlaps again: no band to give
+    else:
+        chosen = rule(inputs)
+        timeline = Timeline(vc, inputs.active, [chosen.segments], n)
+        energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
+        models = [] if model is None else [model, *alike, *perturbed(model)]
+        others = _split_all(vc, inputs.active, [_model_split(requests, work.steps, m) for m in models], n)
+        placements = Timeline(vc, inputs.active, [work.last_step, work.placed], n)
+        low, high = band(placements, [work.last_step, work.placed], [energy, *others], baseline, chosen.pooled)
+    provenance = [base_prov if base_prov == "estimated" or imp <= 0 else "imputed" for imp in imputed_part]
+    total = timeline.total
+    attributed = float(energy.sum())
+    fitted = {} if model is None else model.as_dict() | {"step_time": work.steps.duration_fit, "steps": work.steps.count}
+    return MeterResult(
+        meter=meter.channel,
+        kind=meter.kind,
+        energy_j=energy,
+        window_j=window,
+        provenance=provenance,
+        mean_power_w=safe_div(energy, (end - sent) / NS),
+        low_j=low,
+        high_j=high,
+        totals={
+            "kind": meter.kind,
+            "provenance": base_prov,
+            "total_j": total,
+            "measured_j": measured_j,
+            "imputed_j": total - measured_j,
+            "attributed_j": attributed,
+            "idle_j": idle,
+            # of the energy while no request was in flight, what went to the work in its reading
+            "idle_to_work_j": pooled_idle,
+            "conservation_error": (attributed + idle - total) / total if total else None,
+            "window_sum_j": float(window.sum()),
+            "window_overcount": float(window.sum()) / (total - idle) if total - idle > 0 else None,
+            "baseline_w": baseline,
+            **({"power_model": fitted} if fitted else {}),
+            "span_s": float((vc.t[-1] - vc.t[0]) / NS),
+            **counter_timing(meter),
+        },
+    )
+
+
+def attribute(
+    telemetry: pl.DataFrame, meters: list[Meter], records: pl.DataFrame, config: AttributionConfig
+) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """Energy columns for ``records`` (joined on request_id) and the energy section of a summary.
+
+    Per meter ``<meter>.energy_j``, ``.provenance``, ``.power_w`` and ``.window_j``; and the
+    headline ``energy_j``/``energy_provenance``/``power_w``: the sum over accelerator meters
+    (or over CPU meters when there are none).
+    """
+    requests = request_windows(records)
+    columns: dict[str, Any] = {"request_id": requests.get_column("request_id")}
+    section: dict[str, Any] = {"rule": config.rule, "prefill_weight": config.prefill_weight, "meters": {}}
+    work = Work.of(requests)  # inferred once: every meter's split uses the same steps
+    results = [attribute_meter(telemetry, m, requests, config, work) for m in meters]
+    for r in results:
+        columns[f"{r.meter}.energy_j"] = _nullable(r.energy_j)
+        columns[f"{r.meter}.provenance"] = r.provenance
+        columns[f"{r.meter}.power_w"] = _nullable(r.mean_power_w)
+        columns[f"{r.meter}.window_j"] = _nullable(r.window_j)
+        columns[f"{r.meter}.energy_low_j"] = _nullable(r.low_j)
+        columns[f"{r.meter}.energy_high_j"] = _nullable(r.high_j)
+        section["meters"][r.meter] = r.totals
+    headline = (
+        [r for r, m in zip(results, meters, strict=True) if m.accelerator]
+        or [r for r in results if r.kind != "estimate"]
+        or results
+    )
+    if headline:
+        energy = np.sum([r.energy_j for r in headline], axis=0)
+        power = np.sum([r.mean_power_w for r in headline], axis=0)
+        prov = [_combine([r.provenance[i] for r in headline]) for i in range(requests.height)]
+        columns["energy_j"] = _nullable(energy)
+        # a sum of bands: each meter's extremes together (the widest the headline can be)
+        columns["energy_low_j"] = _nullable(np.sum([r.low_j for r in headline], axis=0))
+        columns["energy_high_j"] = _nullable(np.sum([r.high_j for r in headline], axis=0))
+        columns["power_w"] = _nullable(power)
+        columns["energy_provenance"] = prov
+        section["headline_meters"] = [r.meter for r in headline]
+        section["total_j"] = (
+            sum(r.totals.get("total_j", 0.0) for r in headline) if _complete(headline) else None
+        )
+        section["attributed_j"] = (
+            sum(r.totals.get("attributed_j", 0.0) for r in headline) if _complete(headline) else None
+        )
+        section["idle_j"] = (
+            sum(r.totals.get("idle_j", 0.0) for r in headline) if _complete(headline) else None
+        )
+    frame = pl.DataFrame(columns)
+    return records.join(frame, on="request_id", how="left"), section
+
+
+def _complete(results: list[MeterResult]) -> bool:
+    return all("total_j" in r.totals for r in results)
+
+
+def _combine(provenances: list[str]) -> str:
+    for worst in ("missing", "imputed", "estimated", "integrated"):
+        if worst in provenances:
+            return worst
+    return "measured"
+
+
+def _nullable(values: np.ndarray) -> list[float | None]:
+    return [None if not np.isfinite(v) else float(v) for v in values]

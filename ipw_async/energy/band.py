@@ -1,0 +1,57 @@
+"""Each request's band: the least and the most it could have used, given what the meter saw.
+
+The band spans the estimates the data cannot choose between: the rule's own split, the fitted
+power model's, the candidate models that predicted held-out meter intervals about as well, the
+chosen model with its uncertain weights moved by their standard errors, and simple work
+models (prefill where the inferred steps put it or all in the first token's step, a prompt
+token worth 0.1 to 1.5 output tokens, static power as measured, as fitted, or none). It is
+widened by each request's share of the energy that work does not explain: per meter interval,
+what a linear fit of energy to work misses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .model import PowerModel
+from .prefill import LEAST_PREFILL_WEIGHT, MOST_PREFILL_WEIGHT
+from .split import Segments, Timeline
+
+BAND_PREFILL_WEIGHTS = (LEAST_PREFILL_WEIGHT, MOST_PREFILL_WEIGHT)
+Z = 1.96  # a parameter moved this many standard errors either way
+
+
+def perturbed(model: PowerModel) -> list[PowerModel]:
+    """The model with each weight that splits a step moved ±Z standard errors (within bounds)."""
+    out = []
+    for param, attr in (("prefill", "prefill_weight"), ("context", "context_weight"), ("position", "position_weight")):
+        error = model.errors.get(param)
+        if error is None or not np.isfinite(error) or error <= 0:
+            continue
+        value = getattr(model, attr)
+        for moved in (value - Z * error, value + Z * error):
+            out.append(replace(model, **{attr: max(moved, 0.0 if attr != "prefill_weight" else 0.01)}))
+    return out
+
+
+def band(
+    timeline: Timeline,
+    placements: list[Segments],
+    estimates: list[np.ndarray],
+    baseline: float | None,
+    pooled: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The least and most each request could have used, over ``estimates`` and the simple work
+    models over ``placements`` (the first token's step, then the inferred steps)."""
+    unexplained, fitted_static = timeline.unexplained(placements[-1].weighted(BAND_PREFILL_WEIGHTS[0]), baseline)
+    estimates = list(estimates)
+    for segments in placements:
+        for weight in BAND_PREFILL_WEIGHTS:
+            for static in {baseline, fitted_static, None}:
+                estimates.append(timeline.split(segments.weighted(weight), static, pooled=True)[0])
+    spread = timeline.split(placements[-1], baseline, pooled=pooled, d_e=unexplained)[0]
+    # residuals of separate intervals are independent: over k intervals they add up as √k
+    spread = spread / np.sqrt(np.maximum(timeline.intervals_spanned(), 1.0))
+    return np.maximum(np.min(estimates, axis=0) - spread, 0.0), np.max(estimates, axis=0) + spread

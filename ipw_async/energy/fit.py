@@ -1,0 +1,406 @@
+"""The power model fitted to a meter's own intervals, as rich as the run's data support.
+
+Each meter interval's energy is modelled as static power × time (+ its drift) plus, over the
+inferred steps in it, each step's modelled power × its time there (:mod:`.model`). Candidate
+models differ in the effects they have; a richer one is kept only where it predicts meter
+intervals it was not fitted to better: blocked cross-validation, contiguous stretches of the
+run held out in turn, so that a slow effect cannot be learned from its neighbours. The
+selection is greedy: from static + linear work, add the effect that predicts best while it
+earns its place. A meter's lag is fitted over a grid of time constants (each step's energy
+spills past it as a first-order response), a drifting static over a covariate's time
+constants, the rest by bounded least squares with an analytic Jacobian.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import least_squares
+from scipy.stats import wilcoxon
+
+from .._clock import NS
+from .counter import VirtualCounter
+from .model import DEFAULT_EXPONENT, EFFECTS, Drift, PowerModel
+from .prefill import identified_prefill_weight
+from .steps import Steps
+
+PARAMS = ("static", "drift", "step", "scale", "prefill", "exponent", "cap", "context", "position")
+LAGS_MS = (0.0, 20.0, 40.0, 70.0, 110.0)  # the meter's lag behind the device, tried in turn
+DRIFT_TAUS_S = (8.0, 30.0)  # how fast a die warms, where no temperature is reported
+FOLDS = 4
+MIN_FOLD_INTERVALS = 6  # fewer usable intervals a fold than this: no selection, the base model
+# A richer model must predict held-out intervals better by this share of the error, and
+# significantly, to be kept.
+MIN_GAIN = 0.02
+# Held-out errors are relative to a typical interval's energy; below this gain a model explains
+# only float residue (a counter in mJ resolves 1e-4 of a 10 J interval)
+RESOLUTION = 1e-3
+SIGNIFICANCE = 0.05
+MIN_R2 = 0.5  # below it, without a selection to say better, work is counted linearly
+
+
+@dataclass
+class Problem:
+    """One meter's intervals and the run's inferred steps, as every candidate fit needs them."""
+
+    counter: VirtualCounter
+    steps: Steps
+    static_w: float | None  # measured idle power: static is anchored there
+    default_prefill_weight: float
+    temperature: tuple[np.ndarray, np.ndarray] | None = None  # the meter's (t, °C) where it has one
+    _designs: dict[float, sparse.csr_matrix] = field(default_factory=dict)
+    _drifts: dict[float | None, Drift] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.energy = self.counter.energies
+        self.dt = np.diff(self.counter.t) / NS
+        self.usable = ~self.counter.imputed
+        s = self.steps
+        self.features = (s.decode, s.context, s.prefill, s.position)
+        self.has_prefill = bool(s.prefill.any())
+        self.has_context = bool(s.entry_context.size and s.context.any())
+        self.scale = max(float(np.median(self.energy[self.usable])), 1e-9) if self.usable.any() else 1.0
+
+    def design(self, lag_ms: float) -> sparse.csr_matrix:
+        """Seconds of each step's power the meter sees in each of its intervals, where it
+        trails the device by a first-order lag of ``lag_ms``."""
+        if lag_ms not in self._designs:
+            s = self.steps
+            which, start, end, share = PowerModel(0.0, 0.0, 0.0, lag_ms=lag_ms).metered(s.start, s.end)
+            j, part, overlap = _overlaps(self.counter.t, start, end)
+            seconds = overlap * share[part] * (s.end - s.start)[which[part]] / np.maximum(end - start, 1.0)[part] / NS
+            shape = (self.energy.size, s.count)
+            self._designs[lag_ms] = sparse.csr_matrix((seconds, (j, which[part])), shape=shape)
+        return self._designs[lag_ms]
+
+    def drift(self, tau_s: float | None) -> Drift:
+        """The drift covariate (coefficient 1): temperature, or measured power low-passed."""
+        key = tau_s
+        if key not in self._drifts:
+            if self.temperature is not None:
+                t, temp = self.temperature
+                self._drifts[key] = Drift(t, temp - temp[0], 1.0, "temperature_c")
+            else:
+                self._drifts[key] = _warming(self.counter, float(tau_s or DRIFT_TAUS_S[0]), self.static_w)
+        return self._drifts[key]
+
+    def drift_taus(self) -> tuple[float | None, ...]:
+        return (None,) if self.temperature is not None else DRIFT_TAUS_S
+
+
+def _warming(vc: VirtualCounter, tau_s: float, static_w: float | None) -> Drift:
+    """The meter's power above static, low-passed over ``tau_s``: how warm the die is."""
+    t = (vc.t[:-1] + vc.t[1:]) / 2
+    dt = np.diff(vc.t) / NS
+    power = vc.energies / np.maximum(dt, 1e-9)
+    above = np.maximum(power - (static_w if static_w is not None else float(np.percentile(power, 5))), 0.0)
+    h = np.empty_like(above)
+    level = 0.0
+    for i, (p, d) in enumerate(zip(above, dt, strict=True)):  # first order: knots are few (≤ 10 a s)
+        level += (p - level) * (1.0 - np.exp(-d / tau_s))
+        h[i] = level
+    return Drift(t, h, 1.0, "power_lowpass", tau_s)
+
+
+def _overlaps(knots: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each span cut at the meter's knots: (knot interval, span, overlap in ns) per piece."""
+    first = np.clip(np.searchsorted(knots, start, side="right") - 1, 0, knots.size - 2)
+    last = np.clip(np.searchsorted(knots, end, side="left") - 1, 0, knots.size - 2)
+    count = np.maximum(last - first + 1, 0)
+    span = np.repeat(np.arange(start.size), count)
+    j = np.repeat(first, count) + np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    overlap = np.minimum(end[span], knots[j + 1]) - np.maximum(start[span], knots[j])
+    ok = overlap > 0
+    return j[ok], span[ok], overlap[ok]
+
+
+@dataclass
+class Fit:
+    """One candidate fitted: its parameters, lag and drift covariate, and its cost."""
+
+    effects: frozenset[str]
+    theta: np.ndarray
+    lag_ms: float
+    drift: Drift | None
+    cost: float
+    jac: np.ndarray
+    residuals: np.ndarray
+    free: np.ndarray
+
+
+def _predict(
+    theta: np.ndarray, problem: Problem, design: sparse.csr_matrix, h: np.ndarray, jac_of: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Each interval's modelled energy (J) and, for the parameters ``jac_of`` marks, its Jacobian."""
+    static, drift, step, scale, w, gamma, cap, kappa, kappa_p = theta
+    decode, context, prefill, position = problem.features
+    work = np.maximum(decode + kappa * context + w * (prefill + kappa_p * position), 1e-9)
+    powered = work ** gamma
+    raw = step + scale * powered
+    below = raw < cap
+    power = np.where(below, raw, cap)
+    energy = static * problem.dt + drift * h + design @ power
+    if jac_of is None:
+        return energy, None
+    d_work = np.where(below, scale * gamma * work ** (gamma - 1), 0.0)
+    columns = {
+        "static": problem.dt,
+        "drift": h,
+        "step": design @ below.astype(float),
+        "scale": design @ np.where(below, powered, 0.0),
+        "prefill": design @ (d_work * (prefill + kappa_p * position)),
+        "exponent": design @ np.where(below, scale * powered * np.log(work), 0.0),
+        "cap": design @ (~below).astype(float),
+        "context": design @ (d_work * context),
+        "position": design @ (d_work * w * position),
+    }
+    return energy, np.column_stack([columns[p] for i, p in enumerate(PARAMS) if jac_of[i]])
+
+
+def _bounds(problem: Problem, effects: frozenset[str], peak_w: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Start, lower and upper bounds of every parameter; equal bounds fix it."""
+    static0 = problem.static_w if problem.static_w is not None else float(
+        np.percentile(problem.energy[problem.usable] / np.maximum(problem.dt[problem.usable], 1e-9), 5)
+    )
+    w0 = problem.default_prefill_weight
+    start = np.array([static0, 0.0, 0.0, 1.0, w0, DEFAULT_EXPONENT, np.inf, 0.0, 0.0])
+    lo = np.array([0.0, 0.0, 0.0, 0.0, 0.01, 0.2, 0.0, 0.0, 0.0])
+    hi = np.array([np.inf, np.inf, np.inf, np.inf, 10.0, 1.5, np.inf, 20.0, 20.0])
+    fixed = {
+        "static": problem.static_w is not None,
+        "drift": "drift" not in effects,
+        "step": "step" not in effects,
+        "prefill": not problem.has_prefill,
+        "exponent": "curve" not in effects,
+        "cap": "curve" not in effects,
+        "context": "context" not in effects or not problem.has_context,
+        "position": "position" not in effects or not problem.has_prefill,
+    }
+    if "curve" in effects:
+        start[5], start[6] = 0.8, 2 * max(peak_w, 1.0)
+    for i, name in enumerate(PARAMS):
+        if fixed.get(name):
+            lo[i] = hi[i] = start[i]
+    return start, lo, hi
+
+
+def _solve(
+    problem: Problem,
+    effects: frozenset[str],
+    train: np.ndarray,
+    lag_ms: float,
+    drift: Drift | None,
+    starts: Iterable[np.ndarray],
+) -> Fit:
+    """Bounded least squares of the intervals in ``train``, best of ``starts``."""
+    design = problem.design(lag_ms)
+    h = drift.integral(problem.counter.t) if drift is not None else np.zeros_like(problem.dt)
+    peak = float(np.max(problem.energy[problem.usable] / np.maximum(problem.dt[problem.usable], 1e-9)))
+    base, lo, hi = _bounds(problem, effects, peak)
+    free = lo < hi
+    best: Fit | None = None
+    for start in starts:
+        theta = np.where(free, np.clip(start, lo, np.where(np.isfinite(hi), hi, np.inf)), base)
+        theta = np.where(free & ~np.isfinite(theta), base, theta)
+
+        def residuals(x: np.ndarray, theta: np.ndarray = theta) -> np.ndarray:
+            full = theta.copy()
+            full[free] = x
+            return (_predict(full, problem, design, h)[0] - problem.energy)[train] / problem.scale
+
+        def jacobian(x: np.ndarray, theta: np.ndarray = theta) -> np.ndarray:
+            full = theta.copy()
+            full[free] = x
+            return _predict(full, problem, design, h, free)[1][train] / problem.scale  # type: ignore[index]
+
+        x0 = np.clip(theta[free], lo[free], hi[free])
+        try:
+            result = least_squares(
+                residuals, x0, jac=jacobian, bounds=(lo[free], hi[free]), x_scale="jac", max_nfev=200
+            )
+        except (ValueError, np.linalg.LinAlgError):
+            continue
+        full = theta.copy()
+        full[free] = result.x
+        if best is None or result.cost < best.cost:
+            best = Fit(effects, full, lag_ms, drift, float(result.cost), result.jac, result.fun, free)
+    if best is None:
+        raise ValueError("no start converged")
+    return best
+
+
+def _fit(problem: Problem, effects: frozenset[str], train: np.ndarray, starts: list[np.ndarray]) -> Fit:
+    """A candidate fitted to ``train``: over the lag grid and drift time constants it has."""
+    lags = LAGS_MS if "lag" in effects else (0.0,)
+    taus = problem.drift_taus() if "drift" in effects else ()
+    fits = []
+    for lag in lags:
+        drifts = [problem.drift(tau) for tau in taus] or [None]
+        fits += [_solve(problem, effects, train, lag, d, starts) for d in drifts]
+    return min(fits, key=lambda f: f.cost)
+
+
+def _held_out(problem: Problem, full: Fit) -> np.ndarray:
+    """Each usable interval's error (relative to a typical interval) when its stretch of the run
+    was held out. The lag and the drift's time constant stay as the whole run chose them: each
+    is one number the run pins well, and trying them per fold costs ten fits a fold."""
+    usable = np.flatnonzero(problem.usable)
+    out = np.full(problem.energy.size, np.nan)
+    h = full.drift.integral(problem.counter.t) if full.drift else np.zeros_like(problem.dt)
+    for block in np.array_split(usable, FOLDS):
+        train = problem.usable.copy()
+        train[block] = False
+        fold = _solve(problem, full.effects, train, full.lag_ms, full.drift, [full.theta])
+        predicted = _predict(fold.theta, problem, problem.design(fold.lag_ms), h)[0]
+        out[block] = (predicted - problem.energy)[block] / problem.scale
+    return out[usable]
+
+
+def _rmse(errors: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(errors**2)))
+
+
+def _better(richer: np.ndarray, simpler: np.ndarray) -> bool:
+    """Whether ``richer`` predicts held-out intervals better: by MIN_GAIN of the error, by more
+    than a meter's own resolution, and interval by interval more often than chance would (a
+    one-sided signed-rank test: a mean of squares is ruled by the few worst intervals)."""
+    if not (_rmse(richer) < (1 - MIN_GAIN) * _rmse(simpler) and _rmse(simpler) - _rmse(richer) > RESOLUTION):
+        return False
+    gain = np.abs(simpler) - np.abs(richer)
+    if not gain.any():
+        return False
+    return float(wilcoxon(gain, alternative="greater").pvalue) < SIGNIFICANCE
+
+
+def _model(problem: Problem, chosen: Fit, notes: list[str]) -> PowerModel:
+    static, drift, step, scale, w, gamma, cap, kappa, kappa_p = (float(v) for v in chosen.theta)
+    resid = chosen.residuals * problem.scale
+    target = problem.energy[problem.usable] - problem.energy[problem.usable].mean()
+    r2 = 1.0 - float(resid @ resid) / float(target @ target) if target.any() else None
+    errors = _standard_errors(chosen.jac, chosen.residuals)
+    free_names = [p for p, f in zip(PARAMS, chosen.free, strict=True) if f]
+    model = PowerModel(
+        static_w=static,
+        scale_w=scale,
+        prefill_weight=w,
+        exponent=gamma,
+        cap_w=cap,
+        step_w=step,
+        context_weight=kappa,
+        position_weight=kappa_p,
+        lag_ms=chosen.lag_ms,
+        drift=None if chosen.drift is None else replace(chosen.drift, coef_w=drift),
+        effects=tuple(e for e in EFFECTS if e in chosen.effects),
+        r2=r2,
+        intervals=int(problem.usable.sum()),
+        notes=notes,
+        errors=dict(zip(free_names, (float(e) for e in errors), strict=True)),
+    )
+    if np.isfinite(model.cap_w) and model.cap_w > float(
+        np.max(step + scale * np.power(np.maximum(model.step_work(problem.steps), 1e-9), gamma))
+    ):
+        model.cap_w = float("inf")  # no step reached it: the run says nothing of a cap
+    if problem.has_prefill:
+        error = model.errors.get("prefill", np.inf)
+        weight, note = identified_prefill_weight(model, problem.steps, error, problem.default_prefill_weight)
+        if note:
+            notes.append(note)
+            model.prefill_weight = weight
+    return model
+
+
+def _standard_errors(jac: np.ndarray, residuals: np.ndarray) -> np.ndarray:
+    """Each parameter's standard error from a least-squares fit (inf where unidentified)."""
+    dof = max(residuals.size - jac.shape[1], 1)
+    variance = float(residuals @ residuals) / dof
+    try:
+        cov = np.linalg.pinv(jac.T @ jac) * variance
+    except np.linalg.LinAlgError:
+        return np.full(jac.shape[1], np.inf)
+    diag = np.diag(cov)
+    return np.where(diag > 0, np.sqrt(np.abs(diag)), np.inf)
+
+
+def _curve_starts(problem: Problem, parent: np.ndarray) -> list[np.ndarray]:
+    """Static power and a flat curve trade off against each other, and a linear fit's prefill
+    weight is a poor start for a curve's: start from several curvatures at the stated weight,
+    each scaled to draw the parent's mean step power, its heaviest steps at the cap."""
+    decode, context, prefill, position = problem.features
+    _, _, step, scale, w, gamma, cap, kappa, kappa_p = parent
+    mean_power = float(np.mean(np.minimum(cap, step + scale * (decode + kappa * context + w * prefill) ** gamma)))
+    work = np.maximum(decode + kappa * context + problem.default_prefill_weight * (prefill + kappa_p * position), 1e-9)
+    starts = []
+    for curvature in (0.5, 0.8, 1.1):
+        start = parent.copy()
+        start[PARAMS.index("exponent")] = curvature
+        start[PARAMS.index("prefill")] = problem.default_prefill_weight
+        start[PARAMS.index("scale")] = max(mean_power - step, 1e-3) / float(np.mean(work**curvature))
+        # a cap above every step has no gradient to come down by: start it where a few bind
+        raw = step + start[PARAMS.index("scale")] * work**curvature
+        start[PARAMS.index("cap")] = float(np.percentile(raw, 95))
+        starts.append(start)
+    return starts
+
+
+def fit(problem: Problem) -> tuple[PowerModel, list[PowerModel]]:
+    """The model the run supports, and the other candidates its data cannot tell from it."""
+    steps, intervals = problem.steps, int(problem.usable.sum())
+    if steps.count < 8 or intervals < 8:
+        static = problem.static_w if problem.static_w is not None else float(
+            np.percentile(problem.energy / np.maximum(problem.dt, 1e-9), 5)
+        )
+        note = "too few steps or meter intervals to fit: defaults kept"
+        return PowerModel(static, 1.0, problem.default_prefill_weight, intervals=intervals, notes=[note]), []
+    base = _bounds(problem, frozenset(), 1.0)[0]
+    select = intervals >= FOLDS * MIN_FOLD_INTERVALS
+    fits: dict[frozenset[str], Fit] = {}
+    held: dict[frozenset[str], np.ndarray] = {}
+
+    def evaluate(effects: frozenset[str], parent: np.ndarray) -> None:
+        starts = [parent, *(_curve_starts(problem, parent) if "curve" in effects else [])]
+        fits[effects] = _fit(problem, effects, problem.usable, starts)
+        if select:
+            held[effects] = _held_out(problem, fits[effects])
+
+    applicable = [
+        e
+        for e in EFFECTS
+        if (e != "context" or problem.has_context) and (e != "position" or problem.has_prefill)
+    ]
+    current: frozenset[str] = frozenset()
+    evaluate(current, base)
+    notes = [] if problem.has_prefill else ["no prefill seen: prefill weight not identified, default kept"]
+    if not select:
+        evaluate(frozenset({"curve"}), base)
+        r2 = _model(problem, fits[frozenset({"curve"})], []).r2
+        if r2 is not None and r2 >= MIN_R2:
+            current = frozenset({"curve"})
+        notes.append(f"{intervals} meter intervals: too few to compare models out of sample, R² {r2 or 0:.2f}")
+    else:
+        while True:
+            trials = [current | {e} for e in applicable if e not in current]
+            for trial in trials:
+                evaluate(trial, fits[current].theta)
+            best = min(trials, key=lambda t: _rmse(held[t]), default=None)
+            if best is None or not _better(held[best], held[current]):
+                break
+            current = best
+    chosen = _model(problem, fits[current], notes)
+    # the band spans the candidates that predicted held-out intervals about as well (within
+    # five times the gain that keeps an effect): the run cannot say which of them is right
+    near = (1 + 5 * MIN_GAIN) * _rmse(held[current]) + RESOLUTION if held else 0.0
+    alike = [e for e in held if e != current and _rmse(held[e]) <= near]
+    chosen.selection = {
+        "rule": f"blocked cross-validation over {FOLDS} stretches of the run; an effect is kept where it "
+        f"predicts held-out meter intervals at least {MIN_GAIN:.0%} better, beyond their noise",
+        "held_out_error": {_name(e): _rmse(v) for e, v in held.items()},
+        "indistinguishable": [_name(e) for e in alike],
+    }
+    return chosen, [_model(problem, fits[e], []) for e in alike]
+
+
+def _name(effects: frozenset[str]) -> str:
+    return "+".join(e for e in EFFECTS if e in effects) or "linear"

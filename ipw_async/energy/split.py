@@ -1,0 +1,177 @@
+"""The conservation-keeping split: a meter's energy cut at every knot and segment edge, and
+shared among the requests active in each piece.
+
+In each elementary interval the static part (static power × time) goes equally to the
+requests active in it and the rest by a weight density (:class:`Segments`), or to idle where
+none is active; pooled, a meter interval's dynamic energy goes by each request's work in the
+whole interval (a counter spreads a step's burst over its period). Sums are exact:
+attributed + idle = total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from .._clock import NS
+from .counter import VirtualCounter
+
+
+@dataclass
+class Segments:
+    """Piecewise-constant weight densities: request index, start, end (ns), weight per ns;
+    ``prefill`` is the prompt-token density at weight 1, to add at a chosen weight."""
+
+    req: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    density: np.ndarray
+    prefill: np.ndarray | None = None
+
+    def weighted(self, prefill_weight: float) -> Segments:
+        """The same segments with prompt tokens at ``prefill_weight``."""
+        if self.prefill is None:
+            return self
+        return Segments(self.req, self.start, self.end, self.density + prefill_weight * self.prefill)
+
+
+def equal_segments(sent: np.ndarray, end: np.ndarray) -> Segments:
+    ok = end > sent
+    idx = np.flatnonzero(ok)
+    return Segments(idx, sent[ok], end[ok], np.ones(idx.size))
+
+
+def density(bounds: np.ndarray, seg: Segments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Total density per elementary interval (0 exactly where no segment covers it) and each
+    segment's interval index range."""
+    # a segment reaching past the meter's span (a lagging meter's spill) counts inside it only
+    last = bounds.size - 1
+    ia = np.minimum(np.searchsorted(bounds, seg.start), last)
+    ib = np.minimum(np.searchsorted(bounds, seg.end), last)
+    acc = np.zeros(bounds.size)
+    np.add.at(acc, ia, seg.density)
+    np.add.at(acc, ib, -seg.density)
+    # The running sum leaves float residue where coverage ends; an integer count says where
+    # it really is zero, so no energy is routed to an interval nobody occupies.
+    count = np.zeros(bounds.size, dtype=np.int64)
+    np.add.at(count, ia, 1)
+    np.add.at(count, ib, -1)
+    return np.where(np.cumsum(count)[:-1] > 0, np.cumsum(acc)[:-1], 0.0), ia, ib
+
+
+def share(seg: Segments, ia: np.ndarray, ib: np.ndarray, per_density: np.ndarray, n: int) -> np.ndarray:
+    """Σ over a request's segments of density × Σ_intervals(ΔE / D): its energy."""
+    prefix = np.concatenate(([0.0], np.cumsum(per_density)))
+    shares = np.bincount(seg.req, weights=seg.density * (prefix[ib] - prefix[ia]), minlength=n)
+    return shares.astype(float)  # bincount of nothing is an integer array
+
+
+def safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    out = np.zeros(np.shape(num))
+    np.divide(num, den, out=out, where=den > 0)
+    return out
+
+
+class Timeline:
+    """A meter's energy cut at every knot and at every edge of the given segments: any of those
+    segments, weighted any way, split it in one vectorised pass."""
+
+    def __init__(self, vc: VirtualCounter, active: Segments, segments: list[Segments], n: int) -> None:
+        segments = [active, *segments]
+        edges = [vc.t, *(s.start for s in segments), *(s.end for s in segments)]
+        bounds = np.unique(np.concatenate(edges))
+        self.bounds = bounds[(bounds >= vc.t[0]) & (bounds <= vc.t[-1])]
+        e_at = np.interp(self.bounds, vc.t, vc.e)
+        self.total = float(e_at[-1] - e_at[0])
+        self.d_e = np.diff(e_at)
+        self.dt = np.diff(self.bounds)
+        self.mid = mid = (self.bounds[:-1] + self.bounds[1:]) / 2
+        self.knot_of = np.clip(np.searchsorted(vc.t, mid) - 1, 0, vc.imputed.size - 1)
+        self.knots = vc.t.size - 1
+        self.imputed = vc.imputed[self.knot_of]
+        self.n = n
+        self.active = active
+        self.d_eq, self.ia_eq, self.ib_eq = density(self.bounds, active)
+
+    def intervals_spanned(self) -> np.ndarray:
+        """Per request, how many meter intervals its window spans (fractionally)."""
+        knot_len = np.bincount(self.knot_of, weights=self.dt, minlength=self.knots)[self.knot_of]
+        return share(self.active, self.ia_eq, self.ib_eq, safe_div(self.dt, knot_len), self.n)
+
+    def unexplained(self, work: Segments, baseline: float | None) -> tuple[np.ndarray, float | None]:
+        """Per piece, its part of the energy that a fit of each meter interval's energy as
+        static × time + a × work leaves unexplained (|residual|), where the interval has work
+        (``baseline``: the static power, as a constant);
+        and the static power (W) the fit found, where no baseline gave it."""
+        d_rule, _, _ = density(self.bounds, work)
+        work_k = np.bincount(self.knot_of, weights=d_rule * self.dt, minlength=self.knots)
+        dt_k = np.bincount(self.knot_of, weights=self.dt, minlength=self.knots) / NS
+        e_k = np.bincount(self.knot_of, weights=self.d_e, minlength=self.knots)
+        busy = (work_k > 0) & ~np.bincount(self.knot_of, weights=self.imputed, minlength=self.knots).astype(
+            bool
+        )
+        if busy.sum() < 3:
+            return np.zeros_like(self.d_e), None
+        if baseline:
+            target, x = e_k - baseline * dt_k, work_k[:, None]
+        else:
+            target, x = e_k, np.column_stack((dt_k, work_k))
+        coef, _ = nnls(x[busy], target[busy])
+        residual = np.where(busy, np.abs(target - x @ coef), 0.0)
+        return safe_div(residual, e_k)[self.knot_of] * self.d_e, None if baseline else float(coef[0])
+
+    def static_at(self, static_w: float | np.ndarray | None) -> np.ndarray:
+        """Static power (W) per piece: a constant, or per piece already (static that drifts)."""
+        if static_w is None:
+            return np.zeros_like(self.dt)
+        return np.broadcast_to(np.asarray(static_w, dtype=float), self.dt.shape)
+
+    def split(
+        self,
+        seg_rule: Segments,
+        baseline: float | np.ndarray | None,
+        *,
+        pooled: bool,
+        d_e: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """Each request's energy, the part of it imputed, the idle energy, and the energy of
+        idle stretches given to the work in their meter interval (pooled, below): static
+        (``baseline``: W, constant or per piece) equally among the active requests, the rest by ``seg_rule``'s weights,
+        equally where the rule sees no work.
+
+        Pooled (the work rules): a meter interval's dynamic energy is split by each request's
+        work in the whole interval. With a baseline, that includes the energy above it in the
+        interval's idle parts: the counter spreads a burst of work over its whole period, but
+        an idle device draws its baseline (without one, nothing says how much of it was idle).
+        ``d_e`` splits other energy the same way."""
+        d_e = self.d_e if d_e is None else d_e
+        dt = self.dt
+        static_w = self.static_at(baseline)
+        static = np.minimum(d_e, static_w * dt / NS)
+        dynamic = d_e - static
+        seg_eq, d_eq, ia_eq, ib_eq = self.active, self.d_eq, self.ia_eq, self.ib_eq
+        d_rule, ia_r, ib_r = density(self.bounds, seg_rule)
+        working = d_rule > 0
+        idle_iv = d_eq <= 0
+        moved = np.zeros_like(working)
+        if pooled:
+            work_per_knot = np.bincount(self.knot_of, weights=d_rule * dt, minlength=self.knots)
+            if static_w.any():
+                moved = idle_iv & (work_per_knot > 0)[self.knot_of]
+            energy_per_knot = np.bincount(
+                self.knot_of, weights=np.where(working | moved, dynamic, 0.0), minlength=self.knots
+            )
+            by_rule = np.where(working, safe_div(energy_per_knot, work_per_knot)[self.knot_of] * dt, 0.0)
+        else:
+            by_rule = safe_div(dynamic, d_rule)
+        by_equal = safe_div(static + np.where(working, 0.0, dynamic), d_eq)
+        energy = share(seg_rule, ia_r, ib_r, by_rule, self.n) + share(
+            seg_eq, ia_eq, ib_eq, by_equal, self.n
+        )
+        imputed = share(seg_rule, ia_r, ib_r, by_rule * self.imputed, self.n) + share(
+            seg_eq, ia_eq, ib_eq, by_equal * self.imputed, self.n
+        )
+        pooled_idle = float(np.sum(dynamic[moved]))
+        return energy, imputed, float(np.sum(d_e[idle_iv])) - pooled_idle, pooled_idle

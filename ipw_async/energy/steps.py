@@ -1,0 +1,285 @@
+"""Engine steps inferred from what the client saw, and each request's work in them.
+
+A continuous-batching server emits a token for every running sequence at the end of each
+step, so token arrivals across all streams come in bursts, one per step. A request decodes in
+each step whose burst brings it a token, and prefills its computed prompt tokens (prompt less
+what the prefix cache held) in the steps before its first token: under a per-step token
+budget, a long prompt takes several steps, and those steps run longer than their decoding
+alone explains. So step times are fitted as ``a + b·decoders + c·prefill tokens`` and the
+prompts are placed first come, first served in the room the steps' extra time leaves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+from scipy.optimize import nnls
+
+from .._clock import NS
+
+MIN_TIMED_STEPS = 4  # fewer steps of known length than this fit no step-time model
+# Fewer prompt tokens a step than this is no engine's budget (vLLM's and llama.cpp's are in
+# the thousands): steps that show no prefill time then did their prompts' work cheaply, in the
+# step of each first token, rather than all running at a budget.
+MIN_STEP_BUDGET = 64
+# The shortest steps, as a low percentile of inter-token latency rather than its least: a
+# stream whose reads fell behind catches up with near-zero gaps (well under 0.1% of them in
+# our runs), and a burst split at those would cut every step apart.
+SHORT_STEP_PERCENTILE = 2.0
+# The batch's peak is a server's batch limit where at least this share of the steps ran at it
+# (once or twice at the peak is only where load was highest).
+BATCH_CEILING_SHARE = 0.05
+
+
+def step_starts(requests: pl.DataFrame, split: float = 0.5) -> np.ndarray:
+    """Client-side times at which the server's engine steps delivered tokens.
+
+    A continuous-batching server emits one token for every running sequence at the end of each
+    step, so token arrivals across all requests come in bursts; a burst starts where arrivals
+    pause for more than ``split`` × the shortest step, the inter-token latency's
+    ``SHORT_STEP_PERCENTILE``-th percentile. (Half the *median* step merged a short decode step
+    into the next one wherever most steps carried a long prefill.)
+    """
+    arrivals = np.unique(requests.get_column("chunk_ns").explode().drop_nulls().to_numpy().astype(float))
+    if arrivals.size == 0:
+        return arrivals
+    itl = requests.get_column("itl_s").explode().drop_nulls().to_numpy()
+    itl = itl[itl > 0]
+    pause = split * float(np.percentile(itl, SHORT_STEP_PERCENTILE)) * NS if itl.size else 0.0
+    return arrivals[np.concatenate(([True], np.diff(arrivals) > pause))]
+
+
+def computed_prompt_tokens() -> pl.Expr:
+    """Prompt tokens the server computed: those its prefix cache held were never prefilled."""
+    return pl.col("prompt_tokens").fill_null(0) - pl.col("cached_prompt_tokens").fill_null(0)
+
+
+@dataclass
+class Steps:
+    """Inferred engine steps and each request's work in them (one entry per request and step)."""
+
+    start: np.ndarray  # ns, per step
+    end: np.ndarray
+    decode: np.ndarray  # decode tokens in the step
+    prefill: np.ndarray  # prefill tokens in the step
+    req: np.ndarray  # per entry: request index
+    step: np.ndarray  # per entry: step index
+    entry_decode: np.ndarray
+    entry_prefill: np.ndarray
+    # per entry, in thousands of tokens: the context its decode tokens read (prompt and tokens
+    # so far: attention reads the whole KV cache), and the positions of its prefill tokens summed
+    entry_context: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    entry_position: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    duration_fit: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return self.start.size
+
+    def per_step(self, entry_values: np.ndarray) -> np.ndarray:
+        """An entry feature summed over each step's entries."""
+        return np.bincount(self.step.astype(np.int64), weights=entry_values, minlength=self.count)
+
+    @property
+    def context(self) -> np.ndarray:
+        """Thousands of context tokens the step's decoders read."""
+        return self.per_step(self.entry_context) if self.entry_context.size else np.zeros(self.count)
+
+    @property
+    def position(self) -> np.ndarray:
+        """The step's prefill tokens' positions summed, in thousands."""
+        return self.per_step(self.entry_position) if self.entry_position.size else np.zeros(self.count)
+
+
+def steps_of(requests: pl.DataFrame) -> Steps:
+    """The engine steps the requests' token arrivals imply, with their computed prompts placed."""
+    computed = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
+    prompt = requests.get_column("prompt_tokens").fill_null(0).to_numpy().astype(float)
+    return infer_steps(requests, step_starts(requests), computed, prompt)
+
+
+def infer_steps(
+    requests: pl.DataFrame,
+    bursts: np.ndarray,
+    prefill_tokens: np.ndarray,
+    prompt_tokens: np.ndarray | None = None,
+) -> Steps:
+    """Steps from burst times (:func:`step_starts`), with decode and prefill placed in them
+    (``prompt_tokens``, cached ones too, say where each context and prefill position starts)."""
+    n_steps = bursts.size
+    prompt = prefill_tokens if prompt_tokens is None else np.maximum(prompt_tokens, prefill_tokens)
+    if n_steps == 0:  # no token arrived: no step can be told apart
+        empty = np.zeros(0)
+        return Steps(empty, empty, empty, empty, empty.astype(int), empty.astype(int), empty, empty, empty, empty)
+    end = bursts.astype(float)
+    gaps = np.diff(end)
+    # a lone step began when its first request arrived (set below)
+    typical = float(np.median(gaps)) if gaps.size else np.inf
+    start = np.concatenate(([end[0] - typical], end[:-1]))
+    sent = requests.get_column("sent_ns").to_numpy().astype(float)
+    req_idx, step_idx, dec, ctx = [], [], [], []
+    first_step = np.full(requests.height, -1)
+    running = np.zeros(n_steps)  # requests that got a token in the step: the batch, less multi-step prompts
+    for i, (chunks, tokens) in enumerate(requests.select("chunk_ns", "chunk_tokens").iter_rows()):
+        if not chunks:
+            continue
+        k = np.searchsorted(end, np.asarray(chunks, dtype=float), side="right") - 1
+        k = np.clip(k, 0, n_steps - 1)
+        first_step[i] = k[0]
+        running[np.unique(k)] += 1
+        per_step = np.bincount(k - k[0], weights=np.asarray(tokens, dtype=float))
+        # the first token comes with the prefill; tokens after it are decode work
+        per_step[0] -= 1
+        # a decode token reads the prompt, the first token and every token decoded before it
+        before = prompt[i] + 1.0 + np.concatenate(([0.0], np.cumsum(per_step)[:-1]))
+        for offset in np.flatnonzero(per_step > 0):
+            req_idx.append(i)
+            step_idx.append(k[0] + offset)
+            dec.append(per_step[offset])
+            ctx.append(per_step[offset] * (before[offset] + (per_step[offset] - 1) / 2) / 1000)
+    decode = np.bincount(np.asarray(step_idx, dtype=int), weights=dec, minlength=n_steps)
+    # An engine idle before a step started it no earlier than its first request arrived, and
+    # how much later the server's own work (accepting, parsing, tokenizing: 100 ms for 256
+    # connections at once on the simulator) the step-time fit says, in the placement below.
+    busy_before = np.zeros(n_steps, dtype=bool)
+    busy_before[np.asarray(step_idx, dtype=int)] = True
+    cold = ~np.concatenate(([False], busy_before[:-1]))
+    for k in np.flatnonzero(cold):
+        arrivals = sent[(first_step == k) & (sent < end[k])]
+        if arrivals.size:  # the first step has no burst before it: only the typical guess
+            start[k] = float(arrivals.min()) if k == 0 else max(start[k], float(arrivals.min()))
+    steps = Steps(
+        start,
+        end,
+        decode,
+        np.zeros(n_steps),
+        np.asarray(req_idx, dtype=int),
+        np.asarray(step_idx, dtype=int),
+        np.asarray(dec, dtype=float),
+        np.zeros(len(dec)),
+        np.asarray(ctx, dtype=float),
+        np.zeros(len(dec)),
+    )
+    _place_prefill(steps, sent, first_step, prefill_tokens, prompt - prefill_tokens, cold, running)
+    return steps
+
+
+def _place_prefill(
+    steps: Steps,
+    sent: np.ndarray,
+    first_step: np.ndarray,
+    tokens: np.ndarray,
+    cached: np.ndarray,
+    cold: np.ndarray,
+    running: np.ndarray,
+) -> None:
+    """Each prompt in the room the steps' extra time (over decode alone) leaves, first come,
+    first served as the engines we know schedule prefill (vLLM, SGLang, TGI): prompts in the
+    order of their first tokens, each from the first step after its arrival, and no earlier
+    than the first-token step of the prompt served before it nor than the last step before it
+    at the batch's ceiling (a request queued for a batch slot does no work), taking what room
+    earlier prompts left, its first-token step taking whatever remains. A ``cold`` step (the engine idle before it) lasts what the step-time
+    fit says its work takes, within the time since its first request arrived.
+
+    (Spreading a prompt over all its wait in proportion to the room put much of it in steps
+    that were busy with the prompts queued ahead of it.) ``cached`` prompt tokens come first
+    in each prompt: its computed tokens' positions start after them."""
+    context = steps.context
+    earliest = steps.start.copy()
+    duration = steps.end - steps.start
+    timed_steps = np.isfinite(duration) & (duration > 0) & ~cold  # a cold step's start is a guess
+    times_cold_steps = timed_steps.sum() >= MIN_TIMED_STEPS  # else the fit is a median, no model
+    order = np.argsort(first_step, kind="stable")
+    have = [(i, int(first_step[i])) for i in order if first_step[i] >= 0 and tokens[i] > 0]
+    placed: dict[tuple[int, int], float] = {}
+    prefill = np.zeros(steps.count)
+    need = float(sum(tokens[i] for i, _ in have))
+    # a request joins the batch at the first step that starts after it arrived
+    # a batch limit shows as a ceiling the batch keeps reaching: no prompt ran in a step at it,
+    # so a request whose first token came later waited for a slot until after the last such
+    full = np.flatnonzero(running >= running.max()) if running.size else running.astype(int)
+    if full.size < BATCH_CEILING_SHARE * steps.count:
+        full = full[:0]
+    admitted = [int(full[j - 1]) + 1 if (j := int(np.searchsorted(full, f))) else 0 for _, f in have]
+    windows = [
+        np.arange(min(max(int(np.searchsorted(steps.start, sent[i], side="left")), adm), f), f + 1)
+        for (i, f), adm in zip(have, admitted, strict=True)
+    ]
+    in_window = np.zeros(steps.count, dtype=bool)  # steps some prompt could have been prefilled in
+    for window in windows:
+        in_window[window] = True
+    for _ in range(4):  # refit the step-time model with the placement it implies
+        a, b, c, d = _fit_duration(
+            duration[timed_steps], steps.decode[timed_steps], prefill[timed_steps], context[timed_steps]
+        )
+        steps.duration_fit = {
+            "base_ms": a / 1e6,
+            "per_decode_ms": b / 1e6,
+            "per_prefill_token_ms": c / 1e6,
+            "per_context_ktoken_ms": d / 1e6,
+        }
+        decoding = a + b * steps.decode + d * context
+        if times_cold_steps:
+            modelled = decoding + c * prefill
+            since = np.where(modelled > 0, np.maximum(earliest, steps.end - modelled), earliest)
+            steps.start[cold] = since[cold]
+            duration = steps.end - steps.start
+        # a per-token cost that explains under 1% of a step is the fit's float residue: no room
+        typical = float(prefill[prefill > 0].mean()) if prefill.any() else 0.0
+        timed = c * typical >= 0.01 * float(np.median(duration))
+        room = np.maximum(duration - decoding, 0.0) / c if timed else np.zeros(steps.count)
+        # Every step at its token budget looks alike in time, and the fit cannot tell base time
+        # from prompt tokens: then the steps' room cannot hold the prompts. The prompts
+        # themselves then say what a step holds: all of them over the steps they waited in.
+        capacity = need / max(int(in_window.sum()), 1)
+        if room.sum() < 0.5 * need and capacity >= MIN_STEP_BUDGET:
+            room = np.full(steps.count, capacity)
+        prefill = np.zeros(steps.count)
+        placed = {}
+        served = -1  # where the prompt served before this one got its first token
+        for (i, f), window in zip(have, windows, strict=True):
+            window = window[window >= min(served, f)]
+            served = f
+            free = np.maximum(room[window] - prefill[window], 0.0)
+            free[free < 1.0] = 0.0  # less than a token: a step filled to its room
+            take = np.minimum(free, np.maximum(tokens[i] - (np.cumsum(free) - free), 0.0))
+            take[-1] += tokens[i] - take.sum()
+            for k, part in zip(window, take, strict=True):
+                if part > 0:
+                    placed[(i, int(k))] = float(part)
+                    prefill[k] += part
+    steps.prefill = prefill
+    extra_req = np.array([i for i, _ in placed], dtype=int)
+    extra_step = np.array([k for _, k in placed], dtype=int)
+    steps.req = np.concatenate((steps.req, extra_req))
+    steps.step = np.concatenate((steps.step, extra_step))
+    steps.entry_decode = np.concatenate((steps.entry_decode, np.zeros(extra_req.size)))
+    parts = np.fromiter(placed.values(), float, len(placed))
+    steps.entry_prefill = np.concatenate((np.zeros(steps.entry_prefill.size), parts))
+    steps.entry_context = np.concatenate((steps.entry_context, np.zeros(parts.size)))
+    steps.entry_position = np.concatenate((steps.entry_position, _positions(extra_req, parts, cached)))
+
+
+def _positions(req: np.ndarray, parts: np.ndarray, cached: np.ndarray) -> np.ndarray:
+    """Per prefill entry (a request's entries in step order), its tokens' positions summed, in
+    thousands: a prompt's chunks follow its cached prefix and each other."""
+    done = np.zeros(cached.size)
+    out = np.empty(parts.size)
+    for j, (i, part) in enumerate(zip(req, parts, strict=True)):
+        first = cached[i] + done[i]
+        out[j] = part * (first + (part - 1) / 2) / 1000
+        done[i] += part
+    return out
+
+
+def _fit_duration(
+    duration: np.ndarray, decode: np.ndarray, prefill: np.ndarray, context: np.ndarray
+) -> tuple[float, float, float, float]:
+    """Step time = a + b·decoders + c·prefill tokens + d·context read, all non-negative (least
+    squares): attention reads every decoder's KV cache, so long contexts make long steps."""
+    if duration.size < MIN_TIMED_STEPS:
+        return float(np.median(duration)) if duration.size else 0.0, 0.0, 0.0, 0.0
+    coef, _ = nnls(np.column_stack((np.ones_like(duration), decode, prefill, context)), duration)
+    return float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3])
