@@ -15,7 +15,7 @@ import pytest
 from ipw_async._clock import NS, now_ns
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess, drawn_physics
 from ipw_async.sim.device import Device
-from ipw_async.sim.engine import ABSENT, EFFECTS, Engine, SimRequest, effects_of
+from ipw_async.sim.engine import ABSENT, EFFECTS, MIN_CLOCK, Engine, SimRequest, effects_of
 from ipw_async.telemetry.sim import SimDeviceSource
 from ipw_async.workload.datasets import builtin_qa
 
@@ -317,7 +317,7 @@ async def test_an_idle_engine_lets_its_warm_device_cool() -> None:
     assert sum(requests.values()) + truth["idle_j"] == pytest.approx(truth["total_j"], rel=1e-9)  # type: ignore[arg-type]
 
 
-async def test_at_the_power_limit_steps_stretch_and_keep_their_energy() -> None:
+async def test_at_the_power_limit_steps_stretch_as_clocks_drop() -> None:
     # steps long enough that the event loop's lateness (~1 ms a sleep) stays small beside them
     limit = {"max_w": 150.0, "record_steps": True, "step_base_ms": 20.0, "step_w": 0.0}  # the curve alone
     requests = [(f"r{i}", 50, 30) for i in range(16)]  # 16 decoders demand 28·16^0.6 ≈ 148 W > 80 W
@@ -329,17 +329,20 @@ async def test_at_the_power_limit_steps_stretch_and_keep_their_energy() -> None:
         assert isinstance(steps, list)
         capped = [s for s in steps if config.dynamic_w * s[4] ** config.work_exponent > 80.0]
         assert len(capped) > 20
-        demanded = [config.dynamic_w * s[4] ** config.work_exponent / 80.0 for s in capped]
+        # the clock the step ran at: power goes as f³, time as 1/f
+        clock = [(80.0 / (config.dynamic_w * s[4] ** config.work_exponent)) ** (1 / 3) for s in capped]
         ratios[mode] = [
-            (s[1] - s[0]) / 1e9 / _nominal_s(config, s) / d for s, d in zip(capped, demanded, strict=True)
+            (s[1] - s[0]) / 1e9 / _nominal_s(config, s) * f for s, f in zip(capped, clock, strict=True)
         ]
         for start, end, *_ in capped[-5:]:
             assert engine.device.power_at((start + end) // 2) == pytest.approx(150.0)
-    # stretched, a step lasts nominal × demanded / headroom: its dynamic energy is as demanded
+    # stretched, a step lasts nominal / clock at the limit's power
     assert 1.0 <= statistics.median(ratios["stretch"]) < 1.15
-    assert statistics.median(ratios["clip"]) < 0.75  # clipped, it lasts as long as ever
+    assert statistics.median(ratios["clip"]) < 0.9  # clipped, it lasts as long as ever
     engine = Engine(fast_engine(power_limit="stretch", max_w=150.0, step_w=0.0))
-    assert engine._step_power(70.0, 16.0, 0.01) == pytest.approx((80.0, 0.01 * 28 * 16**0.6 / 80))
+    assert engine._step_power(70.0, 16.0, 0.01) == pytest.approx((80.0, 0.01 / (80 / (28 * 16**0.6)) ** (1 / 3)))
+    # far past the limit the clock stops at MIN_CLOCK: the step lasts 2.5 times as long at most
+    assert engine._step_power(70.0, 1e6, 0.01) == pytest.approx((80.0, 0.01 / MIN_CLOCK))
     assert engine._step_power(70.0, 1.0, 0.01) == (28.0, 0.01)  # below the limit: as ever
 
 

@@ -36,6 +36,7 @@ from .device import Device
 
 TELEMETRY_KINDS = ("counter", "power", "avg-power")
 POWER_LIMITS = ("clip", "stretch")
+MIN_CLOCK = 0.4  # the least share of its clock a device at its power limit drops to (~800 of 1980 MHz)
 IDLE_RESET_S = 0.05  # how often an idle, warm device re-sets its (cooling) static power
 
 
@@ -74,7 +75,7 @@ class EngineConfig:
         default="stretch",
         metadata=option(
             "At the power limit: clip (power capped, steps as long as ever) or stretch (clocks "
-            "drop: steps last longer, their energy as demanded)."
+            "drop, to 40% at most: steps last longer at the limit's power)."
         ),
     )
     step_w: float = field(
@@ -404,8 +405,11 @@ class Engine:
         headroom = cfg.max_w - static_w
         if demanded <= headroom:
             return demanded, duration
-        if cfg.power_limit == "stretch":  # clocks drop: the same energy at the limit, for longer
-            duration *= demanded / headroom
+        if cfg.power_limit == "stretch":
+            # Clocks drop until the step fits: dynamic power goes as f·V² with V roughly as f,
+            # so as f³, and time as 1/f. Clocks fall to MIN_CLOCK at most; beyond, power clips.
+            clock = max((headroom / demanded) ** (1 / 3), MIN_CLOCK)
+            duration /= clock
         return headroom, duration
 
     async def _loop(self) -> None:
