@@ -39,6 +39,39 @@ def describe_model(model: dict[str, Any]) -> str:
     )
 
 
+# each fitted parameter's key in a power model's summary
+_PARAM_KEYS = {
+    "static": "static_w",
+    "step": "step_w",
+    "scale": "scale_w",
+    "prefill": "prefill_weight",
+    "cap": "cap_w",
+    "context": "context_weight_per_ktoken",
+    "position": "position_weight_per_ktoken",
+}
+
+
+def describe_selection(model: dict[str, Any]) -> list[str]:
+    """How the run chose its power model: each candidate's held-out error, and the chosen
+    model's parameters with their standard errors."""
+    selection = model.get("selection") or {}
+    errors = selection.get("held_out_error") or {}
+    lines = []
+    if errors:
+        ranked = sorted(errors.items(), key=lambda kv: kv[1])
+        shown = ", ".join(f"{name} {err:.1%}{' (chosen)' if name == model.get('model') else ''}" for name, err in ranked)
+        lines.append(f"held-out error by candidate: {shown}")
+    values = {**model, "drift": (model.get("static_drift") or {}).get("coef_w")}
+    params = [
+        f"{name} {values[key]:.3g} ± {error:.2g}"
+        for name, error in (model.get("errors") or {}).items()
+        if error is not None and isinstance(values.get(key := _PARAM_KEYS.get(name, name)), int | float)
+    ]
+    if params:
+        lines.append("parameters ± standard error: " + ", ".join(params))
+    return lines
+
+
 def _task_rows(table: Table, tasks: dict[str, Any]) -> None:
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(tasks["outcomes"].items()))
     table.add_row("tasks", f"{tasks['count']} ({outcomes})")

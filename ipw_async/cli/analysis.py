@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..report import describe_model
+from ..report import describe_model, describe_selection
 from ._common import err, fail, fmt, out
 from .options import parse_run_args, run_config
 
@@ -89,6 +89,8 @@ def _print_analysis(results: dict[str, dict[str, Any]]) -> None:
             out.print(f"  {meter} by phase: {split} (deviation from total {fmt(rep['deviation'], '.1e')})")
         if rep.get("power_model"):
             out.print(f"  {meter} power model: {describe_model(rep['power_model'])}")
+            for line in describe_selection(rep["power_model"]):
+                out.print(f"    {line}")
     tasks = results.get("tasks", {}).get("tasks")
     if tasks:
         out.print(
