@@ -10,9 +10,10 @@ import pytest
 from scipy.signal import lfilter
 
 from ipw_async.energy.counter import VirtualCounter
-from ipw_async.energy.fit import Problem, fit
+from ipw_async.energy.fit import fit
 from ipw_async.energy.model import PowerModel
 from ipw_async.energy.prefill import CAPPED_PREFILL_WEIGHT
+from ipw_async.energy.problem import Problem
 from ipw_async.energy.steps import Steps, infer_steps, step_starts
 from ipw_async.records import RequestRecord, records_frame
 

@@ -22,8 +22,9 @@ from ..records import end_ns
 from ..telemetry.base import Meter
 from .band import band, perturbed
 from .counter import VirtualCounter, counter_timing, covering, idle_power, series, virtual_counter
-from .fit import Problem, fit
+from .fit import fit
 from .model import PowerModel
+from .problem import Problem
 from .split import Segments, Timeline, equal_segments, safe_div
 from .steps import Steps
 from .work import Work, model_segments
@@ -109,12 +110,6 @@ RULES: dict[str, Callable[[_Inputs], Split] | None] = {
 }
 
 
-def _split_all(vc: VirtualCounter, active: Segments, splits: list[Split], n: int) -> list[np.ndarray]:
-    """Each split's per-request energy, over one timeline."""
-    timeline = Timeline(vc, active, [s.segments for s in splits], n)
-    return [_apply(timeline, s)[0] for s in splits]
-
-
 def _apply(timeline: Timeline, split: Split) -> tuple[np.ndarray, np.ndarray, float, float]:
     static = split.static(timeline.mid) if callable(split.static) else split.static
     return timeline.split(split.segments, static, pooled=split.pooled)
@@ -147,7 +142,8 @@ def split_with_known(
     vc = covering(virtual_counter(telemetry, meter, config.gap_factor, config.session_starts_ns), sent, end)
     if vc is None or not requests.height:
         return np.full(requests.height, np.nan)
-    return _split_all(vc, equal_segments(sent, end), [_model_split(requests, steps, model)], requests.height)[0]
+    split = _model_split(requests, steps, model)
+    return _apply(Timeline(vc, equal_segments(sent, end), [split.segments], requests.height), split)[0]
 
 
 def _temperature(telemetry: pl.DataFrame, meter: Meter) -> tuple[np.ndarray, np.ndarray] | None:
@@ -199,12 +195,16 @@ def attribute_meter(
         low = high = np.full(n, np.nan)  # the window rule counts overlaps again: no band to give
     else:
         chosen = rule(inputs)
-        timeline = Timeline(vc, inputs.active, [chosen.segments], n)
+        # the band's other estimates: the fitted model where the rule is not it, the candidates
+        # the data cannot tell from it, and its weights moved by their standard errors
+        models = [] if model is None else [*([model] if rule is not _fitted else []), *alike, *perturbed(model)]
+        splits = [_model_split(requests, work.steps, m) for m in models]
+        # one cut of the meter for every split: sorting the edges is most of the work at scale
+        cuts = [chosen.segments, *(split.segments for split in splits), work.last_step, work.placed]
+        timeline = Timeline(vc, inputs.active, cuts, n)
         energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
-        models = [] if model is None else [model, *alike, *perturbed(model)]
-        others = _split_all(vc, inputs.active, [_model_split(requests, work.steps, m) for m in models], n)
-        placements = Timeline(vc, inputs.active, [work.last_step, work.placed], n)
-        low, high = band(placements, [work.last_step, work.placed], [energy, *others], baseline, chosen.pooled)
+        others = [_apply(timeline, split)[0] for split in splits]
+        low, high = band(timeline, [work.last_step, work.placed], [energy, *others], baseline, chosen.pooled)
     provenance = [base_prov if base_prov == "estimated" or imp <= 0 else "imputed" for imp in imputed_part]
     total = timeline.total
     attributed = float(energy.sum())

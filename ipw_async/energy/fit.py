@@ -14,24 +14,23 @@ constants, the rest by bounded least squares with an analytic Jacobian.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import sparse
 from scipy.optimize import least_squares
 from scipy.stats import wilcoxon
 
-from .._clock import NS
-from .counter import VirtualCounter
 from .model import DEFAULT_EXPONENT, EFFECTS, Drift, PowerModel
 from .prefill import identified_prefill_weight
-from .steps import Steps
+from .problem import LAGS_MS, Problem
 
 PARAMS = ("static", "drift", "step", "scale", "prefill", "exponent", "cap", "context", "position")
-LAGS_MS = (0.0, 20.0, 40.0, 70.0, 110.0)  # the meter's lag behind the device, tried in turn
-DRIFT_TAUS_S = (8.0, 30.0)  # how fast a die warms, where no temperature is reported
 FOLDS = 4
 MIN_FOLD_INTERVALS = 6  # fewer usable intervals a fold than this: no selection, the base model
+# A longer run's model is chosen over this many meter intervals mid-run (4 min of a 100 ms
+# counter): every candidate fit scales with the steps, and a 100,000-request run took 135 s
+SELECTION_INTERVALS = 2400
 # A richer model must predict held-out intervals better by this share of the error, and
 # significantly, to be kept.
 MIN_GAIN = 0.02
@@ -40,81 +39,6 @@ MIN_GAIN = 0.02
 RESOLUTION = 1e-3
 SIGNIFICANCE = 0.05
 MIN_R2 = 0.5  # below it, without a selection to say better, work is counted linearly
-
-
-@dataclass
-class Problem:
-    """One meter's intervals and the run's inferred steps, as every candidate fit needs them."""
-
-    counter: VirtualCounter
-    steps: Steps
-    static_w: float | None  # measured idle power: static is anchored there
-    default_prefill_weight: float
-    temperature: tuple[np.ndarray, np.ndarray] | None = None  # the meter's (t, °C) where it has one
-    _designs: dict[float, sparse.csr_matrix] = field(default_factory=dict)
-    _drifts: dict[float | None, Drift] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.energy = self.counter.energies
-        self.dt = np.diff(self.counter.t) / NS
-        self.usable = ~self.counter.imputed
-        s = self.steps
-        self.features = (s.decode, s.context, s.prefill, s.position)
-        self.has_prefill = bool(s.prefill.any())
-        self.has_context = bool(s.entry_context.size and s.context.any())
-        self.scale = max(float(np.median(self.energy[self.usable])), 1e-9) if self.usable.any() else 1.0
-
-    def design(self, lag_ms: float) -> sparse.csr_matrix:
-        """Seconds of each step's power the meter sees in each of its intervals, where it
-        trails the device by a first-order lag of ``lag_ms``."""
-        if lag_ms not in self._designs:
-            s = self.steps
-            which, start, end, share = PowerModel(0.0, 0.0, 0.0, lag_ms=lag_ms).metered(s.start, s.end)
-            j, part, overlap = _overlaps(self.counter.t, start, end)
-            seconds = overlap * share[part] * (s.end - s.start)[which[part]] / np.maximum(end - start, 1.0)[part] / NS
-            shape = (self.energy.size, s.count)
-            self._designs[lag_ms] = sparse.csr_matrix((seconds, (j, which[part])), shape=shape)
-        return self._designs[lag_ms]
-
-    def drift(self, tau_s: float | None) -> Drift:
-        """The drift covariate (coefficient 1): temperature, or measured power low-passed."""
-        key = tau_s
-        if key not in self._drifts:
-            if self.temperature is not None:
-                t, temp = self.temperature
-                self._drifts[key] = Drift(t, temp - temp[0], 1.0, "temperature_c")
-            else:
-                self._drifts[key] = _warming(self.counter, float(tau_s or DRIFT_TAUS_S[0]), self.static_w)
-        return self._drifts[key]
-
-    def drift_taus(self) -> tuple[float | None, ...]:
-        return (None,) if self.temperature is not None else DRIFT_TAUS_S
-
-
-def _warming(vc: VirtualCounter, tau_s: float, static_w: float | None) -> Drift:
-    """The meter's power above static, low-passed over ``tau_s``: how warm the die is."""
-    t = (vc.t[:-1] + vc.t[1:]) / 2
-    dt = np.diff(vc.t) / NS
-    power = vc.energies / np.maximum(dt, 1e-9)
-    above = np.maximum(power - (static_w if static_w is not None else float(np.percentile(power, 5))), 0.0)
-    h = np.empty_like(above)
-    level = 0.0
-    for i, (p, d) in enumerate(zip(above, dt, strict=True)):  # first order: knots are few (≤ 10 a s)
-        level += (p - level) * (1.0 - np.exp(-d / tau_s))
-        h[i] = level
-    return Drift(t, h, 1.0, "power_lowpass", tau_s)
-
-
-def _overlaps(knots: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each span cut at the meter's knots: (knot interval, span, overlap in ns) per piece."""
-    first = np.clip(np.searchsorted(knots, start, side="right") - 1, 0, knots.size - 2)
-    last = np.clip(np.searchsorted(knots, end, side="left") - 1, 0, knots.size - 2)
-    count = np.maximum(last - first + 1, 0)
-    span = np.repeat(np.arange(start.size), count)
-    j = np.repeat(first, count) + np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-    overlap = np.minimum(end[span], knots[j + 1]) - np.maximum(start[span], knots[j])
-    ok = overlap > 0
-    return j[ok], span[ok], overlap[ok]
 
 
 @dataclass
@@ -347,13 +271,37 @@ def _curve_starts(problem: Problem, parent: np.ndarray) -> list[np.ndarray]:
 
 def fit(problem: Problem) -> tuple[PowerModel, list[PowerModel]]:
     """The model the run supports, and the other candidates its data cannot tell from it."""
-    steps, intervals = problem.steps, int(problem.usable.sum())
-    if steps.count < 8 or intervals < 8:
+    intervals = int(problem.usable.sum())
+    if problem.steps.count < 8 or intervals < 8:
         static = problem.static_w if problem.static_w is not None else float(
             np.percentile(problem.energy / np.maximum(problem.dt, 1e-9), 5)
         )
         note = "too few steps or meter intervals to fit: defaults kept"
         return PowerModel(static, 1.0, problem.default_prefill_weight, intervals=intervals, notes=[note]), []
+    notes = [] if problem.has_prefill else ["no prefill seen: prefill weight not identified, default kept"]
+    sample = problem.window(SELECTION_INTERVALS)
+    chosen, held, alike = _select(sample, notes)
+    if sample is not problem:
+        tau = None if chosen.drift is None else chosen.drift.tau_s
+        drift = None if chosen.drift is None else problem.drift(tau)
+        chosen = _solve(problem, chosen.effects, problem.usable, chosen.lag_ms, drift, [chosen.theta])
+        notes.append(
+            f"model chosen over the {sample.energy.size} meter intervals mid-run, then fitted to all {intervals}"
+        )
+    model = _model(problem, chosen, notes)
+    model.selection = {
+        "rule": f"blocked cross-validation over {FOLDS} stretches of the run; an effect is kept where it "
+        f"predicts held-out meter intervals at least {MIN_GAIN:.0%} better, and significantly",
+        "held_out_error": {_name(e): _rmse(v) for e, v in held.items()},
+        "indistinguishable": [_name(f.effects) for f in alike],
+    }
+    return model, [_model(sample, f, []) for f in alike]
+
+
+def _select(problem: Problem, notes: list[str]) -> tuple[Fit, dict[frozenset[str], np.ndarray], list[Fit]]:
+    """Greedy forward selection: the chosen fit, every candidate's held-out errors, and the
+    candidates that predicted about as well as the chosen one."""
+    intervals = int(problem.usable.sum())
     base = _bounds(problem, frozenset(), 1.0)[0]
     select = intervals >= FOLDS * MIN_FOLD_INTERVALS
     fits: dict[frozenset[str], Fit] = {}
@@ -372,34 +320,25 @@ def fit(problem: Problem) -> tuple[PowerModel, list[PowerModel]]:
     ]
     current: frozenset[str] = frozenset()
     evaluate(current, base)
-    notes = [] if problem.has_prefill else ["no prefill seen: prefill weight not identified, default kept"]
     if not select:
         evaluate(frozenset({"curve"}), base)
         r2 = _model(problem, fits[frozenset({"curve"})], []).r2
         if r2 is not None and r2 >= MIN_R2:
             current = frozenset({"curve"})
         notes.append(f"{intervals} meter intervals: too few to compare models out of sample, R² {r2 or 0:.2f}")
-    else:
-        while True:
-            trials = [current | {e} for e in applicable if e not in current]
-            for trial in trials:
-                evaluate(trial, fits[current].theta)
-            best = min(trials, key=lambda t: _rmse(held[t]), default=None)
-            if best is None or not _better(held[best], held[current]):
-                break
-            current = best
-    chosen = _model(problem, fits[current], notes)
+        return fits[current], held, []
+    while True:
+        trials = [current | {e} for e in applicable if e not in current]
+        for trial in trials:
+            evaluate(trial, fits[current].theta)
+        best = min(trials, key=lambda t: _rmse(held[t]), default=None)
+        if best is None or not _better(held[best], held[current]):
+            break
+        current = best
     # the band spans the candidates that predicted held-out intervals about as well (within
     # five times the gain that keeps an effect): the run cannot say which of them is right
-    near = (1 + 5 * MIN_GAIN) * _rmse(held[current]) + RESOLUTION if held else 0.0
-    alike = [e for e in held if e != current and _rmse(held[e]) <= near]
-    chosen.selection = {
-        "rule": f"blocked cross-validation over {FOLDS} stretches of the run; an effect is kept where it "
-        f"predicts held-out meter intervals at least {MIN_GAIN:.0%} better, beyond their noise",
-        "held_out_error": {_name(e): _rmse(v) for e, v in held.items()},
-        "indistinguishable": [_name(e) for e in alike],
-    }
-    return chosen, [_model(problem, fits[e], []) for e in alike]
+    near = (1 + 5 * MIN_GAIN) * _rmse(held[current]) + RESOLUTION
+    return fits[current], held, [fits[e] for e in held if e != current and _rmse(held[e]) <= near]
 
 
 def _name(effects: frozenset[str]) -> str:
