@@ -12,25 +12,57 @@ the energy the simulated device knows each request used:
 - baselines: ``total/N`` (run total ÷ request count, as AIPerf reports) and ``window``
   (each query's whole-window device energy, as sequential profilers report).
 
-Printed per case and method: conservation error, per-query relative error p50/p95/max for
-requests of 2 s or more, signed bias, the p95 in steady state (without the first wave, which
-arrives all at once and queues for prefill, and the drain), the sampler's lateness p99, and
-how the counter's reads were timed (its learned update grid, or the midpoint between reads).
+Printed per case and method (columns): ``conserv.``: attributed plus idle energy against the
+meter's total, relative (for ``window``: its overcount); ``p50``/``p95``/``max``: per-query
+|relative error| for requests of 2 s or more (all requests where none); ``bias``: the signed
+mean relative error; ``steady p95``: the p95 in steady state (without the first wave, which
+arrives all at once and queues for prefill, and the drain); ``band holds``: how often the
+truth lies inside the rule's low/high band, ± the band's median half-width; then the sampler's
+lateness p99, how the counter's reads were timed (its learned update grid, or the midpoint
+between reads) and the power model the fitted rule chose (the run's summary,
+``energy.meters.sim.power_model.model``).
 
 With ``--random N`` it judges the methods on N draws instead, each seeded: the simulator's
-physics from ``ipw_async.sim.drawn_physics`` (work exponent 0.5–1.0, prefill work 0.1–1.5,
-static 30–150 W, dynamic 10–60 W, step 5–30 ms, per-sequence and per-prefill-token step costs
-over a 4× range, prefill budget 512–8,192, counter 10–500 ms, prefix caching on or off) and a
-workload (prompts of median 64–4,096 tokens, outputs 16–512, length sigma 0.2–1.0; closed
-loop at 1–128 or Poisson 1–24/s with a cap), 12 s of sending each. It prints each draw and
-the median and worst p95 of each method, over all draws and over those with a counter of
-100 ms or less. Each draw's simulator also logs its steps, so two more rows say where an
-error comes from: ``sim steps+model`` splits the meter by the simulator's own steps and
-physics (what remains is the meter's resolution: no rule can do better from it), and
-``sim model`` by its physics over the steps the run inferred (what remains is that and the
-step inference; the rest of the default's error is the power model it could not know).
+physics from ``ipw_async.sim.drawn_physics`` and a workload (prompts of median 64–4,096
+tokens, outputs 16–512, length sigma 0.2–1.0; closed loop at 1–128 or Poisson 1–24/s with a
+cap), 12 s of sending each. ``--family wide`` (the default) draws the wider family: besides
+the classic physics (work exponent 0.5–1.0, prefill work 0.1–1.5, static 30–150 W, dynamic
+10–60 W, step 5–30 ms, per-sequence and per-prefill-token step costs over a 4× range, prefill
+budget 512–8,192, counter 10–500 ms, prefix caching on or off), each real-device effect is
+present in about 60% of draws: ``step`` (power while any step runs, step_w), ``context``
+(decode work and step time growing with context, κ), ``position`` (prefill work growing with
+the token's position, κp), ``lag`` (the meter lags the power), ``jitter`` (counter updates off
+their grid), ``thermal`` (static power leaking up as the die warms) and a power cap that clips
+or, as ``stretch``, slows the steps. ``--family classic`` draws the classic physics alone (all
+effects absent), exactly the family of before, for "no worse than before" comparisons. Each
+draw's physics line names the effects drawn (``effects: none`` when none) and their values
+(``step`` W, ``κ`` work/1000 tokens + step ms/1000 tokens, ``κp``, ``lag`` ms, ``jitter`` ms,
+``leak`` W with its time constant, ``cap`` W and mode), and the power model chosen.
 
-    python benchmarks/attribution_accuracy.py [--quick] [--random N [--runs DIR]] [--json out.json]
+Each draw's simulator also logs its steps, so two more rows say where an error comes from:
+``sim steps+model`` splits the meter by the simulator's own steps and physics (what remains is
+the meter's resolution: no rule can do better from it), and ``sim model`` by its physics over
+the steps the run inferred (what remains is that and the step inference; the rest of the
+default's error is the power model it could not know). The aggregate gives each method's
+median and worst p95, over all draws and over those with a counter of 100 ms or less; then,
+over the latter, the default's checks: draws with a p95 ≤ 5%, the median draw's p95, the
+worst draw's band holds and the draws where they are ≥ 90%, the worst |conservation|, the
+draws where it is worse than ``tokens`` and where worse than ``equal``, and (wide family) its
+median p95 over the draws with and without each effect.
+
+With ``--ablation`` it runs the default physics with every effect absent (``none``), then with
+each effect alone at its representative setting (``ipw_async.sim.engine.EFFECTS``), at
+concurrency 16 and 64 (16 only with ``--quick``), a 100 ms counter and the cases' synthetic
+workload (prompt 256, output 128 tokens, length sigma 0.4), and prints each run as above, then
+a table: per effect and concurrency the default's p95, its band holds, the p95 of ``tokens``,
+of ``equal`` and of ``sim steps+model`` (the meter's floor), and the power model chosen.
+
+``--runs DIR`` keeps each run's directory there with the simulator's truth (``truth.json``)
+and physics (``physics.json``) beside it, and scores those already there again instead of
+rerunning them (attribution is a function of the run).
+
+    python benchmarks/attribution_accuracy.py [--quick] [--random N [--family wide|classic] | --ablation]
+        [--runs DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -40,8 +72,9 @@ import asyncio
 import json
 import math
 import random
+import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +84,7 @@ import numpy as np
 from ipw_async import RunConfig, finalize, run_benchmark
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess, drawn_physics
 from ipw_async.sim.account import known_energy
+from ipw_async.sim.engine import ABSENT, EFFECTS, effects_of
 
 
 @dataclass(frozen=True)
@@ -80,6 +114,7 @@ def cases(quick: bool) -> list[Case]:
 
 
 DEFAULT = "fitted (default)"  # what `ipw-async run` reports unless told otherwise
+FLOOR = "sim steps+model"  # the simulator's own steps and physics: the meter's resolution
 
 
 def errors(estimate: np.ndarray, truth: np.ndarray) -> dict[str, float]:
@@ -101,14 +136,39 @@ async def measure(engine: EngineConfig, options: dict[str, Any], run_dir: Path) 
     return result, truth
 
 
+async def kept(engine: EngineConfig, options: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The simulator's truth for a run in ``run_dir``: the one kept beside it (``truth.json``),
+    or a new run's, kept there with its physics (``physics.json``)."""
+    saved, physics = run_dir / "truth.json", run_dir / "physics.json"
+    if saved.exists():
+        if physics.exists() and json.loads(physics.read_text()) != asdict(engine):
+            print(
+                f"warning: {run_dir} was run with other physics than asked; scoring it anyway",
+                file=sys.stderr,
+            )
+        return json.loads(saved.read_text())
+    # a run interrupted before its truth was kept is run again, over what it left
+    _, truth = await measure(engine, options | {"overwrite": True}, run_dir)
+    saved.write_text(json.dumps(truth))
+    physics.write_text(json.dumps(asdict(engine)))
+    return truth
+
+
+def chosen_model(summary: dict[str, Any]) -> str | None:
+    """The power model the fitted rule chose for the simulated meter, from a run's summary."""
+    fitted = summary["energy"]["meters"].get("sim", {}).get("power_model") or {}
+    return fitted.get("model")
+
+
 def score(
     run_dir: Path, truth: dict[str, Any], steady_from: int, engine: EngineConfig | None = None
-) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray, dict[str, Any]]:
     """Every method's errors against the truth: measured requests that succeeded, those of
     2 s or more (all where none), and the steady state (from request ``steady_from`` on, before
     the drain). Each method is the run's own finishing function with other settings (a 0 W
     baseline: no static share, all energy by the rule); where the simulator kept its steps
-    (``engine``: its physics), also the split its own steps and physics give."""
+    (``engine``: its physics), also the split its own steps and physics give. Also the summary
+    the default method finishes the run with (its power model: :func:`chosen_model`)."""
     methods: dict[str, dict[str, Any]] = {
         DEFAULT: {"attribution": "fitted"},
         "tokens": {"attribution": "tokens"},
@@ -118,8 +178,11 @@ def score(
     }
     rows: dict[str, Any] = {}
     total = None
+    summary: dict[str, Any] = {}
     for name, settings in methods.items():
         out = finalize(run_dir, **settings)
+        if name == DEFAULT:
+            summary = out.summary
         m = out.summary["energy"]["meters"]["sim"]
         total = m["total_j"]
         raw = out.records
@@ -177,17 +240,28 @@ def score(
         # is the meter's resolution (logged steps), or that and the inferred steps
         ids = raw.get_column("request_id").to_numpy()[keep]
         known = known_energy(run_dir, truth, engine)
-        for name, key in (("sim steps+model", "logged steps"), ("sim model", "inferred steps")):
+        for name, key in ((FLOOR, "logged steps"), ("sim model", "inferred steps")):
             rows[name] = unconstrained(np.array([known[key][i] for i in ids]))
-    return rows, true, long
+    return rows, true, long, summary
 
 
-async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
+async def run_case(case: Case, runs: Path, effect: str | None = None) -> dict[str, Any]:
+    """One fixed case; with ``effect`` (``"none"`` or a key of ``EFFECTS``), at the default
+    physics with every effect absent but that one, its steps logged and judged as well."""
     n = 12 if case.concurrency == 1 else max(96, 4 * case.concurrency)  # waves: first, steady, drain
-    engine = EngineConfig(
-        counter_period_ms=case.counter_ms, telemetry=case.telemetry, dropout_every_s=case.dropout_every_s
+    pinned = {
+        "counter_period_ms": case.counter_ms,
+        "telemetry": case.telemetry,
+        "dropout_every_s": case.dropout_every_s,
+    }
+    if effect is None:
+        engine = EngineConfig(**pinned)  # type: ignore[arg-type]
+    else:
+        engine = EngineConfig(**(ABSENT | EFFECTS.get(effect, {}) | pinned), record_steps=True)  # type: ignore[arg-type]
+    prefix = "" if effect is None else f"ablation-{effect}_"
+    run_dir = (
+        runs / f"{prefix}c{case.concurrency}_{case.telemetry}_{case.counter_ms:g}_{case.dropout_every_s}"
     )
-    run_dir = tmp / f"c{case.concurrency}_{case.telemetry}_{case.counter_ms:g}_{case.dropout_every_s}"
     options = {
         "concurrency": case.concurrency,
         "dataset": "synthetic",
@@ -196,35 +270,62 @@ async def run_case(case: Case, tmp: Path) -> dict[str, Any]:
         "output_tokens": 128,
         "length_sigma": 0.4,
     }
-    result, truth = await measure(engine, options, run_dir)
-    rows, true, long = score(run_dir, truth, steady_from=case.concurrency)
-    total = result.summary["energy"]["meters"]["sim"]["total_j"]
+    truth = await kept(engine, options, run_dir)
+    scored = engine if effect is not None else None
+    rows, true, long, summary = score(run_dir, truth, steady_from=case.concurrency, engine=scored)
+    meter = summary["energy"]["meters"]["sim"]
+    total = meter["total_j"]
     return {
-        "case": case.label,
+        "case": case.label if effect is None else f"{effect:<8} c={case.concurrency:<3}",  # 100 ms counter
+        "effect": effect,
+        "concurrency": case.concurrency,
         "requests": int(true.size),
         "long_requests": int(long.sum()),
         "truth_vs_measured_total": (sum(truth["requests"].values()) + truth["idle_j"]) / total - 1
         if total
         else None,
-        "sampler_lateness_p99_ms": result.summary["telemetry"]["sampler"]["lateness_ms"]["p99"],
-        "counter_timing": result.summary["energy"]["meters"]["sim"].get("counter_timing", "—"),
+        "sampler_lateness_p99_ms": summary["telemetry"]["sampler"]["lateness_ms"]["p99"],
+        "counter_timing": meter.get("counter_timing", "—"),
+        "model": chosen_model(summary),
         "methods": rows,
     }
 
 
+def effects_label(e: EngineConfig) -> str:
+    """The real-device effects present in ``e`` and their settings, compactly."""
+    values = []
+    if e.step_w > 0:
+        values.append(f"step {e.step_w:.0f} W")
+    if e.context_work > 0 or e.step_per_context_ms > 0:
+        values.append(f"κ {e.context_work:.2f}+{e.step_per_context_ms:.3f} ms")
+    if e.prefill_position_work > 0:
+        values.append(f"κp {e.prefill_position_work:.2f}")
+    if e.meter_lag_ms > 0:
+        values.append(f"lag {e.meter_lag_ms:.0f} ms")
+    if e.counter_jitter_ms > 0:
+        values.append(f"jitter {e.counter_jitter_ms:.1f} ms")
+    if e.thermal_leak_w > 0:
+        values.append(f"leak {e.thermal_leak_w:.0f} W τ {e.thermal_tau_s:.0f} s")
+    if e.power_limit != ABSENT["power_limit"] or e.max_w != ABSENT["max_w"]:
+        values.append(f"cap {e.max_w:.0f} W {e.power_limit}")
+    names = ",".join(effects_of(e)) or "none"
+    return f"effects: {names}" + (f" ({', '.join(values)})" if values else "")
+
+
 @dataclass(frozen=True)
 class Draw:
-    """One randomized case: physics and workload drawn from ``seed``."""
+    """One randomized case: physics (of ``family``) and workload drawn from ``seed``."""
 
     seed: int
+    family: str
     engine: EngineConfig
     options: dict[str, Any]
     steady_from: int
 
     @classmethod
-    def of(cls, seed: int) -> Draw:
+    def of(cls, seed: int, family: str = "wide") -> Draw:
         rng = random.Random(10_000 + seed)  # the workload's own stream, apart from the physics'
-        engine = drawn_physics(seed, record_steps=True)
+        engine = drawn_physics(seed, effects=family == "wide", record_steps=True)
         options: dict[str, Any] = {
             "dataset": "synthetic",
             "prompt_tokens": round(math.exp(rng.uniform(math.log(64), math.log(4096)))),
@@ -243,7 +344,12 @@ class Draw:
             cap = rng.choice((16, 32, 64, 128))
             options |= {"rate": rng.uniform(1.0, 24.0), "max_concurrency": cap, "warmup": 8}
             steady = 0
-        return cls(seed, engine, options, steady)
+        return cls(seed, family, engine, options, steady)
+
+    @property
+    def run_name(self) -> str:
+        # classic draws keep the name they had before the wide family, so kept runs still score
+        return f"draw{self.seed}" if self.family == "classic" else f"{self.family}{self.seed}"
 
     @property
     def label(self) -> str:
@@ -258,26 +364,24 @@ class Draw:
             f"#{self.seed:<2} {load:<16} in {o['prompt_tokens']:>4}/out {o['output_tokens']:>3} · "
             f"{e.static_w:.0f}+{e.dynamic_w:.0f}·w^{e.work_exponent:.2f} W, pf {e.prefill_work:.2f}, "
             f"step {e.step_base_ms:.0f} ms, budget {e.prefill_budget_tokens}, counter {e.counter_period_ms:.0f} ms{cache}"
+            f" · {effects_label(e)}"
         )
 
 
 async def run_draw(draw: Draw, runs: Path) -> dict[str, Any]:
     """One draw, scored; a run already in ``runs`` (with its truth) is scored again, not rerun."""
-    run_dir = runs / f"draw{draw.seed}"
-    saved = run_dir / "truth.json"
-    if saved.exists():
-        truth = json.loads(saved.read_text())
-    else:
-        _, truth = await measure(draw.engine, draw.options, run_dir)
-        saved.write_text(json.dumps(truth))
-    rows, true, long = score(run_dir, truth, steady_from=draw.steady_from, engine=draw.engine)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    run_dir = runs / draw.run_name
+    truth = await kept(draw.engine, draw.options, run_dir)
+    rows, true, long, summary = score(run_dir, truth, steady_from=draw.steady_from, engine=draw.engine)
     return {
         "case": draw.label,
+        "family": draw.family,
+        "effects": effects_of(draw.engine),
         "counter_ms": draw.engine.counter_period_ms,
         "requests": int(true.size),
         "long_requests": int(long.sum()),
         "sampler_lateness_p99_ms": summary["telemetry"]["sampler"]["lateness_ms"]["p99"],
+        "model": chosen_model(summary),
         "methods": rows,
     }
 
@@ -287,7 +391,8 @@ def p95(method: dict[str, Any]) -> float:
 
 
 def print_aggregate(results: list[dict[str, Any]]) -> None:
-    """Median and worst p95 of each method, over all draws and over those with a counter ≤ 100 ms."""
+    """Median and worst p95 of each method, over all draws and over those with a counter ≤ 100 ms;
+    then the default rule's checks over the latter."""
     names = list(results[0]["methods"])
     fast = [r for r in results if r["counter_ms"] <= 100]
     print(f"\naggregate p95 over {len(results)} draws ({len(fast)} with a counter ≤ 100 ms):")
@@ -311,6 +416,53 @@ def print_aggregate(results: list[dict[str, Any]]) -> None:
         f"(worst draw {min(b['holds'] for b in bands):.1%}); median half-width "
         f"{np.median([b['half_width'] for b in bands]):.1%}"
     )
+    if not fast:
+        return
+    n = len(fast)
+    default = [p95(r["methods"][DEFAULT]) for r in fast]
+    holds = [r["methods"][DEFAULT]["band"]["holds"] for r in fast]
+    worse = {
+        other: sum(p95(r["methods"][DEFAULT]) > p95(r["methods"][other]) for r in fast)
+        for other in ("tokens", "equal")
+    }
+    print(f"the default rule over the {n} draws with a counter ≤ 100 ms:")
+    print(
+        f"  p95 ≤ 5% in {sum(p <= 0.05 for p in default)} of {n}; the median draw's p95 {np.median(default):.1%}"
+    )
+    print(f"  band holds: worst draw {min(holds):.1%}; ≥ 90% in {sum(h >= 0.9 for h in holds)} of {n}")
+    print(f"  worst |conservation| {max(abs(r['methods'][DEFAULT]['conservation']) for r in fast):.1e}")
+    print(f"  worse than tokens in {worse['tokens']} of {n}; worse than equal in {worse['equal']} of {n}")
+    if any(r.get("effects") for r in fast):
+        print("  median p95 with / without each effect (draws):")
+        for name in EFFECTS:
+            with_ = [p for p, r in zip(default, fast, strict=True) if name in r.get("effects", ())]
+            without = [p for p, r in zip(default, fast, strict=True) if name not in r.get("effects", ())]
+            print(
+                f"    {name:<9} {median_of(with_):>7} ({len(with_)}) / {median_of(without):>7} ({len(without)})"
+            )
+
+
+def median_of(values: list[float]) -> str:
+    return f"{np.median(values):.1%}" if values else "—"
+
+
+def print_ablation(results: list[dict[str, Any]]) -> None:
+    """Per effect alone (``none``: all absent) and concurrency: the default against the other rules and the floor."""
+    print("\nablation: the default physics with every effect absent (none), then each effect alone")
+    print(
+        f"{'effect':<9} {'c':>3} {'default p95':>11} {'band holds':>10} {'tokens p95':>10} "
+        f"{'equal p95':>9} {'floor p95':>9}  power model"
+    )
+    for r in results:
+        m = r["methods"]
+        floor = f"{p95(m[FLOOR]):.1%}" if FLOOR in m else "—"
+        print(
+            f"{r['effect']:<9} {r['concurrency']:>3} {p95(m[DEFAULT]):>11.1%} {m[DEFAULT]['band']['holds']:>10.1%} "
+            f"{p95(m['tokens']):>10.1%} {p95(m['equal']):>9.1%} {floor:>9}  {r['model'] or '—'}"
+        )
+    print(
+        "(p95: per-query |relative error| of requests ≥ 2 s; floor: sim steps+model, the meter's resolution)"
+    )
 
 
 def fmt(err: dict[str, float] | None) -> str:
@@ -321,7 +473,7 @@ def fmt(err: dict[str, float] | None) -> str:
 
 def print_case(r: dict[str, Any], tail: str) -> None:
     if len(r["case"]) > 34:  # a drawn case: its physics on a line of its own
-        print(f"{r['case']} ({r['long_requests']}/{r['requests']} long)")
+        print(f"{r['case']} ({r['long_requests']}/{r['requests']} long) · model {r.get('model') or '—'}")
     for i, (name, m) in enumerate(r["methods"].items()):
         label = "" if i or len(r["case"]) > 34 else f"{r['case']} ({r['long_requests']}/{r['requests']} long)"
         steady = "—" if m["steady"] is None else f"{m['steady']['p95']:.1%}"
@@ -334,19 +486,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="fewer cases (100 ms counter only)")
     parser.add_argument(
+        "--quick", action="store_true", help="fewer cases (100 ms counter only; ablation at c=16)"
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
         "--random",
         type=int,
         metavar="N",
         help="instead: N draws of physics and workload at random (seeds 0..N-1), each judged alike",
     )
+    mode.add_argument(
+        "--ablation",
+        action="store_true",
+        help="instead: the default physics with every effect absent, then each effect alone, at c=16 and 64",
+    )
+    parser.add_argument(
+        "--family",
+        choices=("wide", "classic"),
+        default="wide",
+        help="with --random: the physics family drawn: wide (with the real-device effects) or classic "
+        "(none of them: the family of before)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
         "--runs",
         type=Path,
-        help="with --random: keep each draw's run directory and truth here, and score those "
-        "already there again instead of rerunning them (attribution is a function of the run)",
+        help="keep each run's directory and truth here, and score those already there again "
+        "instead of rerunning them (attribution is a function of the run)",
     )
     args = parser.parse_args()
     results = []
@@ -358,22 +525,32 @@ def main() -> None:
     )
     print("band holds: how often the truth is inside the rule's low/high band, ± its median half-width")
     header = f"{'case':<34} {'method':<16} {'conserv.':>9} {'p50':>7} {'p95':>7} {'max':>7} {'bias':>8}"
-    print(f"{header} {'steady p95':>10} {'band holds':>12}  sampler p99  counter reads timed by")
+    print(f"{header} {'steady p95':>10} {'band holds':>12}  sampler p99  counter reads timed by  power model")
     with tempfile.TemporaryDirectory() as tmp:
+        runs = args.runs or Path(tmp)
+        runs.mkdir(parents=True, exist_ok=True)
         if args.random:
-            runs = args.runs or Path(tmp)
-            runs.mkdir(parents=True, exist_ok=True)
             for seed in range(args.random):
-                draw = Draw.of(seed)
+                draw = Draw.of(seed, args.family)
                 r = asyncio.run(run_draw(draw, runs))
                 results.append(r)
                 print_case(r, tail=f"  {r['sampler_lateness_p99_ms']:.2f} ms")
             print_aggregate(results)
         else:
-            for case in cases(args.quick):
-                r = asyncio.run(run_case(case, Path(tmp)))
+            todo = (
+                [(Case(c, 100.0), e) for e in ("none", *EFFECTS) for c in ((16,) if args.quick else (16, 64))]
+                if args.ablation
+                else [(case, None) for case in cases(args.quick)]
+            )
+            for case, effect in todo:
+                r = asyncio.run(run_case(case, runs, effect))
                 results.append(r)
-                print_case(r, tail=f"  {r['sampler_lateness_p99_ms']:.2f} ms  {r['counter_timing']}")
+                print_case(
+                    r,
+                    tail=f"  {r['sampler_lateness_p99_ms']:.2f} ms  {r['counter_timing']}  {r['model'] or '—'}",
+                )
+            if args.ablation:
+                print_ablation(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
 

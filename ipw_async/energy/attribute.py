@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from scipy import sparse
 
 from .._clock import NS
 from ..records import end_ns
@@ -24,10 +25,10 @@ from .band import band, perturbed
 from .counter import VirtualCounter, counter_timing, covering, idle_power, series, virtual_counter
 from .fit import fit
 from .model import PowerModel
-from .problem import Problem
-from .split import Segments, Timeline, equal_segments, safe_div
+from .problem import Problem, design
+from .split import Segments, StepShares, Timeline, equal_segments, safe_div
 from .steps import Steps
-from .work import Work, model_segments
+from .work import Work, step_shares
 
 DEFAULT_PREFILL_WEIGHT = 0.25  # a prompt token's work against an output token (prefill is batched)
 
@@ -71,26 +72,29 @@ class _Inputs:
     baseline: float | None
     prefill_weight: float
     model: PowerModel | None
+    designs: Callable[[float], sparse.csr_matrix]  # the meter's design at a lag (ms)
+
+    def model_split(self, model: PowerModel) -> Split:
+        shares = step_shares(self.work.steps, model, self.designs(model.lag_ms))
+        return Split(None, model.static_at, True, shares)
 
 
 @dataclass(frozen=True)
 class Split:
-    """How one rule splits: weights (where the meter sees the work), static power (W, a
-    constant or a function of time) and whether a meter interval's energy is pooled over its work."""
+    """How one rule splits: weights over time, or a power model's shares of each step as the
+    meter saw them; static power (W, a constant or a function of time); and whether a meter
+    interval's energy is pooled over its work."""
 
-    segments: Segments
+    segments: Segments | None
     static: float | Callable[[np.ndarray], float | np.ndarray] | None
     pooled: bool
+    shares: StepShares | None = None
 
 
 def _fitted(inputs: _Inputs) -> Split:
     if inputs.model is None:  # a host meter: the power model describes the accelerator
         return _tokens(inputs)
-    return _model_split(inputs.requests, inputs.work.steps, inputs.model)
-
-
-def _model_split(requests: pl.DataFrame, steps: Steps, model: PowerModel) -> Split:
-    return Split(model_segments(requests, steps, model), model.static_at, True)
+    return inputs.model_split(inputs.model)
 
 
 def _tokens(inputs: _Inputs) -> Split:
@@ -112,6 +116,9 @@ RULES: dict[str, Callable[[_Inputs], Split] | None] = {
 
 def _apply(timeline: Timeline, split: Split) -> tuple[np.ndarray, np.ndarray, float, float]:
     static = split.static(timeline.mid) if callable(split.static) else split.static
+    if split.shares is not None:
+        return timeline.split_by_steps(split.shares, static)
+    assert split.segments is not None
     return timeline.split(split.segments, static, pooled=split.pooled)
 
 
@@ -142,8 +149,9 @@ def split_with_known(
     vc = covering(virtual_counter(telemetry, meter, config.gap_factor, config.session_starts_ns), sent, end)
     if vc is None or not requests.height:
         return np.full(requests.height, np.nan)
-    split = _model_split(requests, steps, model)
-    return _apply(Timeline(vc, equal_segments(sent, end), [split.segments], requests.height), split)[0]
+    shares = step_shares(steps, model, design(vc.t, steps, model.lag_ms))
+    split = Split(None, model.static_at, True, shares)
+    return _apply(Timeline(vc, equal_segments(sent, end), [], requests.height), split)[0]
 
 
 def _temperature(telemetry: pl.DataFrame, meter: Meter) -> tuple[np.ndarray, np.ndarray] | None:
@@ -183,10 +191,12 @@ def attribute_meter(
     # the device's power model, fitted to the run: the fitted rule's split, part of every
     # rule's band, and in the summary; it describes the accelerator, not a host meter
     model, alike = None, []
+    problem = Problem(vc, work.steps, baseline, config.prefill_weight, _temperature(telemetry, meter))
     if meter.accelerator and n and rule is not None:
-        problem = Problem(vc, work.steps, baseline, config.prefill_weight, _temperature(telemetry, meter))
         model, alike = fit(problem)
-    inputs = _Inputs(requests, work, equal_segments(sent, end), baseline, config.prefill_weight, model)
+    inputs = _Inputs(
+        requests, work, equal_segments(sent, end), baseline, config.prefill_weight, model, problem.design
+    )
     window = np.interp(end, vc.t, vc.e) - np.interp(sent, vc.t, vc.e)
     if rule is None:
         timeline = Timeline(vc, inputs.active, [], n)
@@ -198,10 +208,10 @@ def attribute_meter(
         # the band's other estimates: the fitted model where the rule is not it, the candidates
         # the data cannot tell from it, and its weights moved by their standard errors
         models = [] if model is None else [*([model] if rule is not _fitted else []), *alike, *perturbed(model)]
-        splits = [_model_split(requests, work.steps, m) for m in models]
+        splits = [inputs.model_split(m) for m in models]
         # one cut of the meter for every split: sorting the edges is most of the work at scale
-        cuts = [chosen.segments, *(split.segments for split in splits), work.last_step, work.placed]
-        timeline = Timeline(vc, inputs.active, cuts, n)
+        cuts = [s.segments for s in (chosen, *splits) if s.segments is not None]
+        timeline = Timeline(vc, inputs.active, [*cuts, work.last_step, work.placed], n)
         energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
         others = [_apply(timeline, split)[0] for split in splits]
         low, high = band(timeline, [work.last_step, work.placed], [energy, *others], baseline, chosen.pooled)

@@ -45,15 +45,9 @@ class Problem:
         self.scale = max(float(np.median(self.energy[self.usable])), 1e-9) if self.usable.any() else 1.0
 
     def design(self, lag_ms: float) -> sparse.csr_matrix:
-        """Seconds of each step's power the meter sees in each of its intervals, where it
-        trails the device by a first-order lag of ``lag_ms``."""
+        """Seconds of each step's power the meter sees in each of its intervals."""
         if lag_ms not in self._designs:
-            s = self.steps
-            which, start, end, share = PowerModel(0.0, 0.0, 0.0, lag_ms=lag_ms).metered(s.start, s.end)
-            j, part, overlap = _overlaps(self.counter.t, start, end)
-            seconds = overlap * share[part] * (s.end - s.start)[which[part]] / np.maximum(end - start, 1.0)[part] / NS
-            shape = (self.energy.size, s.count)
-            self._designs[lag_ms] = sparse.csr_matrix((seconds, (j, which[part])), shape=shape)
+            self._designs[lag_ms] = design(self.counter.t, self.steps, lag_ms)
         return self._designs[lag_ms]
 
     def drift(self, tau_s: float | None) -> Drift:
@@ -115,3 +109,13 @@ def _overlaps(knots: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np
     overlap = np.minimum(end[span], knots[j + 1]) - np.maximum(start[span], knots[j])
     ok = overlap > 0
     return j[ok], span[ok], overlap[ok]
+
+
+def design(knots: np.ndarray, steps: Steps, lag_ms: float) -> sparse.csr_matrix:
+    """Seconds of each step's power a meter read at ``knots`` sees in each of its intervals,
+    where it trails the device by a first-order lag of ``lag_ms``: a knots × steps matrix."""
+    which, start, end, share = PowerModel(0.0, 0.0, 0.0, lag_ms=lag_ms).metered(steps.start, steps.end)
+    j, part, overlap = _overlaps(knots, start, end)
+    duration = (steps.end - steps.start)[which[part]]
+    seconds = overlap * share[part] * duration / np.maximum(end - start, 1.0)[part] / NS
+    return sparse.csr_matrix((seconds, (j, which[part])), shape=(knots.size - 1, steps.count))

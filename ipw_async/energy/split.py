@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import sparse
 from scipy.optimize import nnls
 
 from .._clock import NS
@@ -175,3 +176,44 @@ class Timeline:
         )
         pooled_idle = float(np.sum(dynamic[moved]))
         return energy, imputed, float(np.sum(d_e[idle_iv])) - pooled_idle, pooled_idle
+
+    def split_by_steps(
+        self, shares: StepShares, baseline: float | np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """As :meth:`split`, pooled, where a power model says how much of each step's energy
+        each meter interval saw (``shares.seen``, its lag included) and each request's share of
+        each step: an interval's dynamic energy goes to its steps by what the model says they
+        put in it, and in a step to its requests by work. It needs no cut at each step, so it
+        costs what the steps do, not what their edges sorted do."""
+        static_w = self.static_at(baseline)
+        static = np.minimum(self.d_e, static_w * self.dt / NS)
+        dynamic = self.d_e - static
+        idle_iv = self.d_eq <= 0
+        modelled = np.asarray(shares.seen.sum(axis=1)).ravel()
+        worked = (modelled > 0)[self.knot_of]
+        # with a static power, the energy above it while idle went to the interval's work too
+        pooled = worked & (~idle_iv | bool(static_w.any()))
+        moved = pooled & idle_iv
+
+        def to_requests(per_piece: np.ndarray) -> np.ndarray:
+            pool = np.bincount(self.knot_of, weights=np.where(pooled, per_piece, 0.0), minlength=self.knots)
+            per_step = shares.seen.T @ safe_div(pool, modelled)
+            return np.bincount(shares.req, weights=shares.share * per_step[shares.step], minlength=self.n)
+
+        by_equal = safe_div(static + np.where(pooled, 0.0, dynamic), self.d_eq)
+        eq = (self.active, self.ia_eq, self.ib_eq)
+        energy = to_requests(dynamic) + share(*eq, by_equal, self.n)
+        imputed = to_requests(dynamic * self.imputed) + share(*eq, by_equal * self.imputed, self.n)
+        pooled_idle = float(np.sum(dynamic[moved]))
+        return energy, imputed, float(np.sum(self.d_e[idle_iv])) - pooled_idle, pooled_idle
+
+
+@dataclass(frozen=True)
+class StepShares:
+    """A power model's split: the energy (J) each meter interval saw of each step (a knots ×
+    steps matrix), and per (request, step) entry the request's share of the step."""
+
+    seen: sparse.csr_matrix
+    req: np.ndarray
+    step: np.ndarray
+    share: np.ndarray

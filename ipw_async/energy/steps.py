@@ -163,6 +163,10 @@ def infer_steps(
         np.zeros(len(dec)),
     )
     _place_prefill(steps, sent, first_step, prefill_tokens, prompt - prefill_tokens, cold, running)
+    # a step ran while one of its requests was on the server: none had arrived, none was served
+    arrived = np.full(n_steps, np.inf)
+    np.minimum.at(arrived, steps.step, sent[steps.req])
+    steps.start = np.where(np.isfinite(arrived), np.clip(arrived, steps.start, steps.end), steps.start)
     return steps
 
 

@@ -1,9 +1,9 @@
 """What each request did, as weight densities for the split: per request and inferred step its
 work, spread over its part of the step.
 
-Three placements of the same work: the fitted power model's share of each step (the default),
-token work in the inferred steps (prefill spread as the steps' time says), and each prompt's
-prefill all in its first token's step (one end of the band).
+Placements of the same work: token work in the inferred steps (prefill spread as the steps'
+time says), each prompt's prefill all in its first token's step (one end of the band), and a
+fitted power model's share of each step as the meter saw it (the default).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+from scipy import sparse
 
 from .model import PowerModel
-from .split import Segments, safe_div
+from .split import Segments, StepShares, safe_div
 from .steps import Steps, computed_prompt_tokens, steps_of
 
 
@@ -84,14 +85,11 @@ def step_segments(
     return Segments(steps.req[ok], start[ok], end[ok], (decode / dur)[ok], (prefill / dur)[ok])
 
 
-def model_segments(requests: pl.DataFrame, steps: Steps, model: PowerModel) -> Segments:
-    """Each request's share of each step's modelled dynamic power (W), by its work in the step
-    (a step's own cost, whatever its batch, goes by the same shares), where the meter sees it:
-    a lagging meter sees part of a step after it."""
+def step_shares(steps: Steps, model: PowerModel, seconds_seen: sparse.csr_matrix) -> StepShares:
+    """A power model's split of the steps (``seconds_seen``: the meter's design for the model's
+    lag): each step's modelled dynamic energy in each meter interval, and each request's share
+    of a step, its work over the step's (a step's own cost goes by the same shares)."""
     entry_work = model.entry_work(steps)
     work = steps.per_step(entry_work)
-    power = model.dynamic_w(work)[steps.step] * safe_div(entry_work, work[steps.step])
-    segments = step_segments(requests, steps, power, np.zeros_like(power), rates=True)
-    which, start, end, share = model.metered(segments.start, segments.end)
-    energy = segments.density[which] * (segments.end - segments.start)[which] * share
-    return Segments(segments.req[which], start, end, safe_div(energy, end - start))
+    seen = (seconds_seen @ sparse.diags(model.dynamic_w(work))).tocsr()
+    return StepShares(seen, steps.req, steps.step, safe_div(entry_work, work[steps.step]))

@@ -25,8 +25,8 @@ from .engine import EngineConfig
 
 
 def physics(engine: EngineConfig) -> PowerModel:
-    """The simulated device's power model, in the shape the run fits (its work as logged: the
-    context and position terms are in each logged entry's work already)."""
+    """The simulated device's power model, in the shape the run fits (over logged steps the
+    context and position terms are in each entry's work already, and the steps carry none)."""
     return PowerModel(
         static_w=engine.static_w,
         scale_w=engine.dynamic_w,
@@ -34,6 +34,8 @@ def physics(engine: EngineConfig) -> PowerModel:
         exponent=engine.work_exponent,
         cap_w=engine.max_w - engine.static_w,
         step_w=engine.step_w,
+        context_weight=engine.context_work,
+        position_weight=engine.prefill_position_work,
         lag_ms=engine.meter_lag_ms,
     )
 
