@@ -214,7 +214,8 @@ def attribute_meter(
         timeline = Timeline(vc, inputs.active, [*cuts, work.last_step, work.placed], n)
         energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
         others = [_apply(timeline, split)[0] for split in splits]
-        low, high = band(timeline, [work.last_step, work.placed], [energy, *others], baseline, chosen.pooled)
+        error = 0.0 if model is None else model.held_out_error
+        low, high = band(timeline, [work.last_step, work.placed], [energy, *others], baseline, chosen.pooled, error)
     provenance = [base_prov if base_prov == "estimated" or imp <= 0 else "imputed" for imp in imputed_part]
     total = timeline.total
     attributed = float(energy.sum())

@@ -5,8 +5,9 @@ power model's, the candidate models that predicted held-out meter intervals abou
 chosen model with its uncertain weights moved by their standard errors, and simple work
 models (prefill where the inferred steps put it or all in the first token's step, a prompt
 token worth 0.1 to 1.5 output tokens, static power as measured, as fitted, or none). It is
-widened by each request's share of the energy that work does not explain: per meter interval,
-what a linear fit of energy to work misses.
+widened by each request's share of the energy that work does not explain (per meter interval,
+what a linear fit of energy to work misses), and by the chosen model's own error on meter
+intervals it was not fitted to.
 """
 
 from __future__ import annotations
@@ -42,9 +43,14 @@ def band(
     estimates: list[np.ndarray],
     baseline: float | None,
     pooled: bool,
+    model_error: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The least and most each request could have used, over ``estimates`` and the simple work
-    models over ``placements`` (the first token's step, then the inferred steps)."""
+    """The least and most each request could have used, over ``estimates`` (the rule's first)
+    and the simple work models over ``placements`` (the first token's step, then the inferred
+    steps), widened by ``model_error``: the power model's error on meter intervals it was not
+    fitted to, relative to a typical interval. An interval mis-predicted by that much is split
+    among its requests about as far off, and a request's intervals err alike (the same weights
+    misjudge it in each), so its estimate is widened by Z times that error, not by less."""
     unexplained, fitted_static = timeline.unexplained(placements[-1].weighted(BAND_PREFILL_WEIGHTS[0]), baseline)
     estimates = list(estimates)
     for segments in placements:
@@ -54,4 +60,5 @@ def band(
     spread = timeline.split(placements[-1], baseline, pooled=pooled, d_e=unexplained)[0]
     # residuals of separate intervals are independent: over k intervals they add up as √k
     spread = spread / np.sqrt(np.maximum(timeline.intervals_spanned(), 1.0))
+    spread = spread + Z * model_error * estimates[0]
     return np.maximum(np.min(estimates, axis=0) - spread, 0.0), np.max(estimates, axis=0) + spread

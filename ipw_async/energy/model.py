@@ -72,6 +72,12 @@ class PowerModel:
     selection: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def held_out_error(self) -> float:
+        """Its error on meter intervals it was not fitted to, relative to a typical interval
+        (0 where the run was too short to hold any out)."""
+        return float((self.selection.get("held_out_error") or {}).get(self.name, 0.0))
+
+    @property
     def name(self) -> str:
         return "+".join(self.effects) or "linear"
 
