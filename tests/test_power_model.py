@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 from scipy.signal import lfilter
 
+from ipw_async.energy import fit as fit_module
 from ipw_async.energy.counter import VirtualCounter
 from ipw_async.energy.fit import fit
 from ipw_async.energy.model import PowerModel
@@ -16,6 +17,7 @@ from ipw_async.energy.prefill import CAPPED_PREFILL_WEIGHT
 from ipw_async.energy.problem import Problem
 from ipw_async.energy.steps import Steps, infer_steps, step_starts
 from ipw_async.records import RequestRecord, records_frame
+from ipw_async.report import describe_model, describe_selection
 
 MS = 1_000_000
 
@@ -299,3 +301,32 @@ def test_steps_stretched_at_the_power_limit_show_the_limit() -> None:
     model = fit_trace(knots, energy, steps, static_w=60.0)
     assert model.cap_w == pytest.approx(240.0, rel=0.02)
     assert model.exponent == pytest.approx(0.7, rel=0.05)
+
+
+def test_the_choice_is_shown_with_every_candidate_and_the_parameters_uncertainty() -> None:
+    truth = PowerModel(static_w=60.0, scale_w=2.0, prefill_weight=0.3, step_w=50.0)
+    knots, energy, steps = synthetic(truth, seed=11)
+    summary = fit_trace(knots, energy, steps, static_w=60.0).as_dict()
+    held, params = describe_selection(summary)
+    chosen = summary["model"]
+    listed = [part.strip() for part in held.split(":", 1)[1].split(",")]
+    assert [p for p in listed if p.endswith("(chosen)")] == [f"{chosen} 0.0% (chosen)"]
+    errors = [float(p.split()[1].rstrip("%")) for p in listed]
+    assert errors == sorted(errors)  # the best predictors first
+    assert all(name in held for name in summary["selection"]["held_out_error"])
+    assert "step 50" in params and "±" in params
+    assert describe_model(summary).startswith(f"{chosen}: 60.0 W + 50 W a step")
+
+
+def test_a_long_run_is_chosen_mid_run_and_fitted_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    truth = PowerModel(static_w=60.0, scale_w=20.0, prefill_weight=0.8, exponent=0.7)
+    knots, energy, steps = synthetic(truth, seed=16, n=4000)
+    counter = VirtualCounter(knots, np.concatenate(([0.0], np.cumsum(energy))), np.zeros(energy.size, dtype=bool))
+    problem = Problem(counter, steps, 60.0, default_prefill_weight=0.25)
+    window = problem.window(300)
+    assert window.energy.size == 300 and window.steps.count < steps.count / 2
+    monkeypatch.setattr(fit_module, "SELECTION_INTERVALS", 300)  # a 1,000-interval run is long here
+    model = fit(problem)[0]
+    assert any("chosen over the 300 meter intervals mid-run, then fitted to all" in n for n in model.notes)
+    assert model.effects == ("curve",) and model.intervals == energy.size
+    assert model.exponent == pytest.approx(0.7, rel=0.02)
