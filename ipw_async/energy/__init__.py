@@ -9,7 +9,7 @@ the summary).
 """
 
 from .attribute import RULES, AttributionConfig, MeterResult, attribute, request_windows, split_with_known
-from .counter import counter_knots, energy_over, extend_counter, virtual_counter
+from .counter import counter_knots, energy_over, virtual_counter
 
 __all__ = [
     "RULES",
@@ -18,7 +18,6 @@ __all__ = [
     "attribute",
     "counter_knots",
     "energy_over",
-    "extend_counter",
     "request_windows",
     "split_with_known",
     "virtual_counter",

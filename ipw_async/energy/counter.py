@@ -32,7 +32,7 @@ class VirtualCounter:
         return np.diff(self.e)
 
 
-def gap_mask(t: np.ndarray, factor: float) -> np.ndarray:
+def _gap_mask(t: np.ndarray, factor: float) -> np.ndarray:
     dt = np.diff(t)
     if dt.size == 0:
         return np.zeros(0, dtype=bool)
@@ -128,7 +128,7 @@ def virtual_counter(
             ke[i:] += ke[i - 1] - ke[i]
     if kt.size < 2:
         return None
-    return VirtualCounter(kt, ke, gap_mask(kt, gap_factor))
+    return VirtualCounter(kt, ke, _gap_mask(kt, gap_factor))
 
 
 def extend_counter(vc: VirtualCounter, start: float, end: float) -> VirtualCounter:

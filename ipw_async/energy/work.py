@@ -66,22 +66,20 @@ class Work:
     @classmethod
     def of(cls, requests: pl.DataFrame) -> Work:
         steps = steps_of(requests)
-        placed = step_segments(requests, steps, steps.entry_decode, steps.entry_prefill, rates=False)
+        placed = _step_segments(requests, steps)
         return cls(steps, last_step_segments(requests, steps.end), placed)
 
 
-def step_segments(
-    requests: pl.DataFrame, steps: Steps, decode: np.ndarray, prefill: np.ndarray, *, rates: bool
-) -> Segments:
+def _step_segments(requests: pl.DataFrame, steps: Steps) -> Segments:
     """One segment per request and inferred step, inside the request's own window (a step may
-    have begun before the request was sent), with the given decode and prefill work per entry,
-    or weights per ns (``rates``)."""
+    have begun before the request was sent), with its decode and prefill work over it."""
     sent = requests.get_column("sent_ns").to_numpy().astype(float)[steps.req]
     until = requests.get_column("end_ns").to_numpy().astype(float)[steps.req]
     start = np.maximum(steps.start[steps.step], sent)
     end = np.minimum(steps.end[steps.step], until)
+    decode, prefill = steps.entry_decode, steps.entry_prefill
     ok = (end > start) & ((decode > 0) | (prefill > 0))
-    dur = np.where(ok, end - start, 1.0) if not rates else np.ones_like(start)
+    dur = np.where(ok, end - start, 1.0)
     return Segments(steps.req[ok], start[ok], end[ok], (decode / dur)[ok], (prefill / dur)[ok])
 
 
