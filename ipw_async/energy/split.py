@@ -139,8 +139,8 @@ class Timeline:
     ) -> tuple[np.ndarray, np.ndarray, float, float]:
         """Each request's energy, the part of it imputed, the idle energy, and the energy of
         idle stretches given to the work in their meter interval (pooled, below): static
-        (``baseline``: W, constant or per piece) equally among the active requests, the rest by ``seg_rule``'s weights,
-        equally where the rule sees no work.
+        (``baseline``: W, constant or per piece) equally among the active requests, the rest
+        by ``seg_rule``'s weights, equally where the rule sees no work.
 
         Pooled (the work rules): a meter interval's dynamic energy is split by each request's
         work in the whole interval. With a baseline, that includes the energy above it in the
@@ -149,13 +149,10 @@ class Timeline:
         ``d_e`` splits other energy the same way."""
         d_e = self.d_e if d_e is None else d_e
         dt = self.dt
-        static_w = self.static_at(baseline)
-        static = np.minimum(d_e, static_w * dt / NS)
-        dynamic = d_e - static
-        seg_eq, d_eq, ia_eq, ib_eq = self.active, self.d_eq, self.ia_eq, self.ib_eq
+        static_w, static, dynamic = self._static(d_e, baseline)
         d_rule, ia_r, ib_r = density(self.bounds, seg_rule)
         working = d_rule > 0
-        idle_iv = d_eq <= 0
+        idle_iv = self.d_eq <= 0
         moved = np.zeros_like(working)
         if pooled:
             work_per_knot = np.bincount(self.knot_of, weights=d_rule * dt, minlength=self.knots)
@@ -167,15 +164,35 @@ class Timeline:
             by_rule = np.where(working, safe_div(energy_per_knot, work_per_knot)[self.knot_of] * dt, 0.0)
         else:
             by_rule = safe_div(dynamic, d_rule)
-        by_equal = safe_div(static + np.where(working, 0.0, dynamic), d_eq)
-        energy = share(seg_rule, ia_r, ib_r, by_rule, self.n) + share(
-            seg_eq, ia_eq, ib_eq, by_equal, self.n
-        )
-        imputed = share(seg_rule, ia_r, ib_r, by_rule * self.imputed, self.n) + share(
-            seg_eq, ia_eq, ib_eq, by_equal * self.imputed, self.n
-        )
+        by_rule_energy = share(seg_rule, ia_r, ib_r, by_rule, self.n)
+        by_rule_imputed = share(seg_rule, ia_r, ib_r, by_rule * self.imputed, self.n)
+        return self._with_equal(by_rule_energy, by_rule_imputed, d_e, static, dynamic, working, moved)
+
+    def _static(self, d_e: np.ndarray, baseline: float | np.ndarray | None) -> tuple[np.ndarray, ...]:
+        """Static power per piece, and each piece's energy as static (at most all of it) and the rest."""
+        static_w = self.static_at(baseline)
+        static = np.minimum(d_e, static_w * self.dt / NS)
+        return static_w, static, d_e - static
+
+    def _with_equal(
+        self,
+        by_rule: np.ndarray,
+        by_rule_imputed: np.ndarray,
+        d_e: np.ndarray,
+        static: np.ndarray,
+        dynamic: np.ndarray,
+        taken: np.ndarray,
+        moved: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """A rule's shares completed: static, and the dynamic energy of the pieces the rule did not
+        take, equally among the active requests; idle what no request was active for, less what
+        was ``moved`` to the work in its meter interval."""
+        by_equal = safe_div(static + np.where(taken, 0.0, dynamic), self.d_eq)
+        eq = (self.active, self.ia_eq, self.ib_eq)
+        energy = by_rule + share(*eq, by_equal, self.n)
+        imputed = by_rule_imputed + share(*eq, by_equal * self.imputed, self.n)
         pooled_idle = float(np.sum(dynamic[moved]))
-        return energy, imputed, float(np.sum(d_e[idle_iv])) - pooled_idle, pooled_idle
+        return energy, imputed, float(np.sum(d_e[self.d_eq <= 0])) - pooled_idle, pooled_idle
 
     def split_by_steps(
         self, shares: StepShares, baseline: float | np.ndarray | None
@@ -185,9 +202,7 @@ class Timeline:
         each step: an interval's dynamic energy goes to its steps by what the model says they
         put in it, and in a step to its requests by work. It needs no cut at each step, so it
         costs what the steps do, not what their edges sorted do."""
-        static_w = self.static_at(baseline)
-        static = np.minimum(self.d_e, static_w * self.dt / NS)
-        dynamic = self.d_e - static
+        static_w, static, dynamic = self._static(self.d_e, baseline)
         idle_iv = self.d_eq <= 0
         modelled = np.asarray(shares.seen.sum(axis=1)).ravel()
         worked = (modelled > 0)[self.knot_of]
@@ -200,12 +215,9 @@ class Timeline:
             per_step = shares.seen.T @ safe_div(pool, modelled)
             return np.bincount(shares.req, weights=shares.share * per_step[shares.step], minlength=self.n)
 
-        by_equal = safe_div(static + np.where(pooled, 0.0, dynamic), self.d_eq)
-        eq = (self.active, self.ia_eq, self.ib_eq)
-        energy = to_requests(dynamic) + share(*eq, by_equal, self.n)
-        imputed = to_requests(dynamic * self.imputed) + share(*eq, by_equal * self.imputed, self.n)
-        pooled_idle = float(np.sum(dynamic[moved]))
-        return energy, imputed, float(np.sum(self.d_e[idle_iv])) - pooled_idle, pooled_idle
+        return self._with_equal(
+            to_requests(dynamic), to_requests(dynamic * self.imputed), self.d_e, static, dynamic, pooled, moved
+        )
 
 
 @dataclass(frozen=True)
