@@ -22,37 +22,41 @@ from .steps import Steps, computed_prompt_tokens, steps_of
 def last_step_segments(requests: pl.DataFrame, steps: np.ndarray) -> Segments:
     """Prefill work (prompt tokens, weighed later, + the first token) all over the engine step
     (``steps``: their start times) that ended with the first token, then each chunk's tokens
-    over the gap since the previous chunk: one of the placements the band spans."""
-    reqs, starts, ends, weights, prompts = [], [], [], [], []
-    cols = requests.select("sent_ns", "end_ns", "chunk_ns", "chunk_tokens", computed_prompt_tokens())
-    for i, (sent, end, chunks, tokens, prompt) in enumerate(cols.iter_rows()):
-        if chunks:
-            # the burst before the one holding the first token ended the previous step
-            k = int(np.searchsorted(steps, chunks[0], side="right")) - 2
-            if k >= 0:
-                sent = max(sent, steps[k])
-        if not chunks:
-            reqs.append(i)
-            starts.append(sent)
-            ends.append(end)
-            weights.append(1e-9)  # so a prompt of no computed tokens still marks the request busy
-            prompts.append(float(prompt))
-            continue
-        # chunks stamped in the same read arrived together: their tokens share one gap
-        uniq, inverse = np.unique(np.asarray(chunks, dtype=float), return_inverse=True)
-        tok_u = np.bincount(inverse, weights=np.asarray(tokens, dtype=float))
-        reqs.extend([i] * uniq.size)
-        starts.extend([sent, *uniq[:-1].tolist()])
-        ends.extend(uniq.tolist())
-        weights.extend(tok_u.tolist())
-        prompts.extend([float(prompt), *[0.0] * (uniq.size - 1)])
-    s = np.asarray(starts, dtype=float)
-    e = np.asarray(ends, dtype=float)
-    w = np.asarray(weights, dtype=float)
-    p = np.asarray(prompts, dtype=float)
+    over the gap since the previous chunk: one of the placements the band spans. All requests
+    at once (a loop per request was a tenth of finalizing 100,000 of them)."""
+    sent = requests.get_column("sent_ns").to_numpy().astype(float)
+    end = requests.get_column("end_ns").to_numpy().astype(float)
+    prompt = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
+    lengths = requests.get_column("chunk_ns").list.len().fill_null(0).to_numpy()
+    times = requests.get_column("chunk_ns").explode().drop_nulls().to_numpy().astype(float)
+    tokens = requests.get_column("chunk_tokens").explode().drop_nulls().to_numpy().astype(float)
+    req = np.repeat(np.arange(requests.height), lengths)
+    order = np.lexsort((times, req))
+    req, times, tokens = req[order], times[order], tokens[order]
+    # chunks stamped in the same read arrived together: their tokens share one gap
+    new = np.concatenate(([True], (req[1:] != req[:-1]) | (times[1:] != times[:-1]))) if req.size else req > 0
+    heads = np.flatnonzero(new)
+    g_req, g_end = req[heads], times[heads]
+    g_tokens = np.add.reduceat(tokens, heads) if heads.size else np.zeros(0)
+    opens = np.concatenate(([True], g_req[1:] != g_req[:-1])) if heads.size else new[:0]
+    # the burst before the one holding the first token ended the previous step
+    k = np.searchsorted(steps, g_end[opens], side="right") - 2
+    first_start = np.where(
+        k >= 0, np.maximum(sent[g_req[opens]], steps[np.maximum(k, 0)]), sent[g_req[opens]]
+    )
+    g_start = np.concatenate(([0.0], g_end[:-1])) if heads.size else g_end
+    g_start[opens] = first_start
+    g_prompt = np.where(opens, prompt[g_req], 0.0)
+    # a request with no chunk is busy all its window (a prompt of no computed tokens still is)
+    silent = np.flatnonzero(lengths == 0)
+    r = np.concatenate((g_req, silent))
+    s = np.concatenate((g_start, sent[silent]))
+    e = np.concatenate((g_end, end[silent]))
+    w = np.concatenate((g_tokens, np.full(silent.size, 1e-9)))
+    p = np.concatenate((g_prompt, prompt[silent]))
     dur = e - s
     ok = dur > 0
-    return Segments(np.asarray(reqs, dtype=np.int64)[ok], s[ok], e[ok], w[ok] / dur[ok], p[ok] / dur[ok])
+    return Segments(r.astype(np.int64)[ok], s[ok], e[ok], w[ok] / dur[ok], p[ok] / dur[ok])
 
 
 @dataclass
