@@ -44,21 +44,24 @@ def equal_segments(sent: np.ndarray, end: np.ndarray) -> Segments:
     return Segments(idx, sent[ok], end[ok], np.ones(idx.size))
 
 
-def density(bounds: np.ndarray, seg: Segments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def density(
+    bounds: np.ndarray, seg: Segments, where: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Total density per elementary interval (0 exactly where no segment covers it) and each
-    segment's interval index range."""
+    segment's interval index range (``where``: that range, when known already)."""
     # a segment reaching past the meter's span (a lagging meter's spill) counts inside it only
     last = bounds.size - 1
-    ia = np.minimum(np.searchsorted(bounds, seg.start), last)
-    ib = np.minimum(np.searchsorted(bounds, seg.end), last)
-    acc = np.zeros(bounds.size)
-    np.add.at(acc, ia, seg.density)
-    np.add.at(acc, ib, -seg.density)
+    if where is None:
+        where = (
+            np.minimum(np.searchsorted(bounds, seg.start), last),
+            np.minimum(np.searchsorted(bounds, seg.end), last),
+        )
+    ia, ib = where
+    acc = np.bincount(ia, weights=seg.density, minlength=bounds.size)
+    acc -= np.bincount(ib, weights=seg.density, minlength=bounds.size)
     # The running sum leaves float residue where coverage ends; an integer count says where
     # it really is zero, so no energy is routed to an interval nobody occupies.
-    count = np.zeros(bounds.size, dtype=np.int64)
-    np.add.at(count, ia, 1)
-    np.add.at(count, ib, -1)
+    count = np.bincount(ia, minlength=bounds.size) - np.bincount(ib, minlength=bounds.size)
     return np.where(np.cumsum(count)[:-1] > 0, np.cumsum(acc)[:-1], 0.0), ia, ib
 
 
@@ -94,7 +97,19 @@ class Timeline:
         self.imputed = vc.imputed[self.knot_of]
         self.n = n
         self.active = active
-        self.d_eq, self.ia_eq, self.ib_eq = density(self.bounds, active)
+        # each segment set's place on the timeline, kept: the band splits the same segments
+        # under a dozen weightings (weighted() shares start and end)
+        self._where: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.d_eq, self.ia_eq, self.ib_eq = self.density(active)
+
+    def density(self, seg: Segments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`density` on this timeline."""
+        known = self._where.get(id(seg.start))
+        if known is not None and known[0] is seg.start:
+            return density(self.bounds, seg, known[1:])
+        out = density(self.bounds, seg)
+        self._where[id(seg.start)] = (seg.start, out[1], out[2])
+        return out
 
     def intervals_spanned(self) -> np.ndarray:
         """Per request, how many meter intervals its window spans (fractionally)."""
@@ -106,7 +121,7 @@ class Timeline:
         static × time + a × work leaves unexplained (|residual|), where the interval has work
         (``baseline``: the static power, as a constant);
         and the static power (W) the fit found, where no baseline gave it."""
-        d_rule, _, _ = density(self.bounds, work)
+        d_rule, _, _ = self.density(work)
         work_k = np.bincount(self.knot_of, weights=d_rule * self.dt, minlength=self.knots)
         dt_k = np.bincount(self.knot_of, weights=self.dt, minlength=self.knots) / NS
         e_k = np.bincount(self.knot_of, weights=self.d_e, minlength=self.knots)
@@ -150,7 +165,7 @@ class Timeline:
         d_e = self.d_e if d_e is None else d_e
         dt = self.dt
         static_w, static, dynamic = self._static(d_e, baseline)
-        d_rule, ia_r, ib_r = density(self.bounds, seg_rule)
+        d_rule, ia_r, ib_r = self.density(seg_rule)
         working = d_rule > 0
         idle_iv = self.d_eq <= 0
         moved = np.zeros_like(working)
@@ -216,7 +231,13 @@ class Timeline:
             return np.bincount(shares.req, weights=shares.share * per_step[shares.step], minlength=self.n)
 
         return self._with_equal(
-            to_requests(dynamic), to_requests(dynamic * self.imputed), self.d_e, static, dynamic, pooled, moved
+            to_requests(dynamic),
+            to_requests(dynamic * self.imputed),
+            self.d_e,
+            static,
+            dynamic,
+            pooled,
+            moved,
         )
 
 
