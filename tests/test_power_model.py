@@ -69,6 +69,41 @@ def test_a_long_prompt_is_placed_over_the_longer_steps_before_its_first_token() 
     assert steps.duration_fit["per_prefill_token_ms"] == pytest.approx(0.1, rel=0.2)
 
 
+def test_a_prompt_token_that_takes_longer_deeper_in_its_prompt_is_placed_by_time() -> None:
+    # A decodes a token every step. B, C and D (prompts of 2,048, 1,024 and 1,536 tokens, sent
+    # together) are prefilled in turn, 512 tokens a step: a step takes 10 ms + 0.02 ms a prompt
+    # token + 0.05 ms per thousand positions before each (attention over the prompt so far),
+    # so a prompt's steps take 27, 40, 53 and 66 ms. Placed by the time each chunk takes, every
+    # step holds its 512 tokens; a constant cost per token puts fewer in the first.
+    budget, base, per_token, per_kposition = 512, 10.0, 0.02, 0.05
+    prompts = [2048, 1024, 1536]
+    durations = [base] * 3
+    firsts = []  # the step of each prompt's first token: its last chunk's
+    for prompt in prompts:
+        for chunk in range(prompt // budget):
+            positions = budget * (chunk * budget) + budget * (budget - 1) / 2
+            durations.append(base + per_token * budget + per_kposition * positions / 1000)
+        firsts.append(len(durations) - 1)
+    durations += [base] * 3
+    ends = np.cumsum(durations).tolist()
+    frame = records_frame(
+        [request(0, 0.0, ends, 1)]
+        + [request(1 + j, 5.0, ends[f:], p) for j, (f, p) in enumerate(zip(firsts, prompts, strict=True))]
+    ).with_columns(pl.lit(None, pl.Int64).alias("cached_prompt_tokens"))
+    steps = infer_steps(frame, step_starts(frame), np.array([1.0, *prompts]))
+    for j, (f, prompt) in enumerate(zip(firsts, prompts, strict=True)):
+        placed = {
+            int(k): p
+            for r, k, p in zip(steps.req, steps.step, steps.entry_prefill, strict=True)
+            if r == 1 + j and p
+        }
+        chunks = prompt // budget
+        assert sorted(placed) == list(range(f - chunks + 1, f + 1))
+        assert list(placed.values()) == pytest.approx([budget] * chunks, rel=0.03)
+    assert steps.duration_fit["per_position_ktoken_ms"] == pytest.approx(per_kposition, rel=0.1)
+    assert steps.duration_fit["per_prefill_token_ms"] == pytest.approx(per_token, rel=0.1)
+
+
 def test_a_prefill_bound_engine_serves_prompts_first_come_first_served() -> None:
     # Every step takes 50 ms and carries its 100-token budget of prompts, so step time says
     # nothing of where prompts ran. All three arrive at 0 ms and queue: A (200 tokens) gets
@@ -153,7 +188,9 @@ def synthetic(
     prefill = np.where(rng.random(n) < prefill_share, rng.uniform(50, 1500, n), 0.0)
     ctx = decode * rng.uniform(0.1, 4.0, n) if context else np.zeros(n)  # thousands of tokens read
     one = np.arange(n)
-    steps = Steps(np.zeros(n), np.zeros(n), decode, prefill, np.zeros(n, int), one, decode, prefill, ctx, np.zeros(n))
+    steps = Steps(
+        np.zeros(n), np.zeros(n), decode, prefill, np.zeros(n, int), one, decode, prefill, ctx, np.zeros(n)
+    )
     power = replace(model, cap_w=float("inf")).dynamic_w(model.step_work(steps))
     if stretch_at_w is not None:  # at the limit a step takes longer at the limit's power
         room = stretch_at_w - model.static_w
@@ -164,10 +201,27 @@ def synthetic(
     steps.end = np.cumsum(duration)
     steps.start = steps.end - duration
     grid = np.arange(0.0, steps.end[-1] + 2000 * MS, MS)  # the device, ms by ms, and 2 s of idle
-    dynamic = np.diff(np.interp(grid, np.concatenate(([0.0], steps.end)), np.concatenate(([0.0], np.cumsum(power * duration / 1e9))))) * 1000
-    warm = lfilter([1 - np.exp(-1 / 10_000)], [1, -np.exp(-1 / 10_000)], dynamic / max(float(dynamic.max()), 1e-9))
+    dynamic = (
+        np.diff(
+            np.interp(
+                grid,
+                np.concatenate(([0.0], steps.end)),
+                np.concatenate(([0.0], np.cumsum(power * duration / 1e9))),
+            )
+        )
+        * 1000
+    )
+    warm = lfilter(
+        [1 - np.exp(-1 / 10_000)], [1, -np.exp(-1 / 10_000)], dynamic / max(float(dynamic.max()), 1e-9)
+    )
     device = model.static_w + leak_w * warm + dynamic
-    metered = lfilter([1 - np.exp(-1 / lag_ms)], [1, -np.exp(-1 / lag_ms)], device, zi=[device[0] * np.exp(-1 / lag_ms)])[0] if lag_ms else device
+    metered = (
+        lfilter(
+            [1 - np.exp(-1 / lag_ms)], [1, -np.exp(-1 / lag_ms)], device, zi=[device[0] * np.exp(-1 / lag_ms)]
+        )[0]
+        if lag_ms
+        else device
+    )
     counter = np.concatenate(([0.0], np.cumsum(metered) / 1000))
     knots = np.arange(0, grid[-1], 100 * MS)
     return knots, np.diff(np.interp(knots, grid, counter)), steps
@@ -175,7 +229,9 @@ def synthetic(
 
 def fit_trace(knots: np.ndarray, energy: np.ndarray, steps: Steps, static_w: float | None) -> PowerModel:
     """The model the fit chooses for a counter read at ``knots``."""
-    counter = VirtualCounter(knots, np.concatenate(([0.0], np.cumsum(energy))), np.zeros(energy.size, dtype=bool))
+    counter = VirtualCounter(
+        knots, np.concatenate(([0.0], np.cumsum(energy))), np.zeros(energy.size, dtype=bool)
+    )
     return fit(Problem(counter, steps, static_w, default_prefill_weight=0.25))[0]
 
 
@@ -321,7 +377,9 @@ def test_the_choice_is_shown_with_every_candidate_and_the_parameters_uncertainty
 def test_a_long_run_is_chosen_mid_run_and_fitted_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     truth = PowerModel(static_w=60.0, scale_w=20.0, prefill_weight=0.8, exponent=0.7)
     knots, energy, steps = synthetic(truth, seed=16, n=4000)
-    counter = VirtualCounter(knots, np.concatenate(([0.0], np.cumsum(energy))), np.zeros(energy.size, dtype=bool))
+    counter = VirtualCounter(
+        knots, np.concatenate(([0.0], np.cumsum(energy))), np.zeros(energy.size, dtype=bool)
+    )
     problem = Problem(counter, steps, 60.0, default_prefill_weight=0.25)
     window = problem.window(300)
     assert window.energy.size == 300 and window.steps.count < steps.count / 2
