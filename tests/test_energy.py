@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -14,8 +16,10 @@ from hypothesis import strategies as st
 
 from ipw_async import run_benchmark
 from ipw_async.analysis.rundir import load_run
-from ipw_async.energy import AttributionConfig, attribute, counter_knots
+from ipw_async.energy import AttributionConfig, attribute, counter_knots, request_windows, split_with_known
+from ipw_async.energy.model import PowerModel
 from ipw_async.energy.steps import step_starts
+from ipw_async.energy.work import Work
 from ipw_async.records import RequestRecord, records_frame
 from ipw_async.telemetry.base import Meter
 from ipw_async.telemetry.cadence import CounterGrid
@@ -351,3 +355,31 @@ async def test_simulated_run_adds_up_and_tracks_the_truth(tmp_path: Path) -> Non
     assert (
         summary["energy"]["meters"]["sim"]["window_overcount"] > 2
     )  # overlap made the window rule over-count
+
+
+def test_the_band_holds_either_of_two_models_the_data_cannot_tell_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A and B decode side by side at 200 W (50 W static): A over a 2,000-token prompt, B over
+    # 20 tokens. Whether a long context makes a decode token dearer (attention reads the whole
+    # KV cache) the meter cannot say: it sees the same power either way. The run chooses the
+    # model without it; the band must hold the split of the one with it as well.
+    t = np.arange(0, 2001, 100, dtype=float)
+    tel = telemetry(t, energy=t * 0.2)
+    recs = records([(0, 100, 150), (0, 100, 150)]).with_columns(pl.Series("prompt_tokens", [2000, 20]))
+    chosen = PowerModel(static_w=50.0, scale_w=10.0, prefill_weight=0.25)
+    alike = replace(chosen, context_weight=1.0, effects=("context",))
+    monkeypatch.setattr(
+        importlib.import_module("ipw_async.energy.attribute"), "fit", lambda _: (chosen, [alike])
+    )
+    config = AttributionConfig(baseline_w=50.0)
+    out, _ = attribute(tel, [COUNTER], recs, config)
+    requests = request_windows(recs)
+    steps = Work.of(requests).steps
+    as_chosen, as_alike = (
+        split_with_known(tel, COUNTER, requests, steps, m, config) for m in (chosen, alike)
+    )
+    assert as_alike[0] > 1.2 * as_chosen[0]  # the two models split each step differently
+    assert out.get_column("energy_j").to_numpy() == pytest.approx(as_chosen, rel=1e-9)
+    low, high = out.get_column("energy_low_j").to_numpy(), out.get_column("energy_high_j").to_numpy()
+    assert (low <= as_alike * (1 + 1e-9)).all() and (as_alike <= high * (1 + 1e-9)).all()
