@@ -312,13 +312,23 @@ def _fill(
     ``last`` (its first token's), no earlier than the first-token step of the one before it."""
     per_token, per_kposition = unit
     used = np.zeros(room.size)
-    reqs, where, parts, positions = [], [], [], []
+    reqs: list[int] = []
+    where: list[int] = []
+    parts: list[float] = []
+    positions: list[float] = []
     served = -1  # where the prompt served before this one got its first token
     for i, lo, f in zip(have.tolist(), first.tolist(), last.tolist(), strict=True):
         lo = max(lo, min(served, f))
         served = f
-        window = np.arange(lo, f + 1)
         offset, total = float(cached[i]), float(tokens[i])
+        if lo == f:  # one step to run in (most prompts): all of it there, without arrays
+            used[f] += per_token * total + per_kposition * (total * offset + total * (total - 1) / 2) / 1000
+            reqs.append(i)
+            where.append(f)
+            parts.append(total)
+            positions.append(total * (offset + (total - 1) / 2) / 1000)
+            continue
+        window = np.arange(lo, f + 1)
         free = np.maximum(room[window] - used[window], 0.0)
         free[free < per_token + per_kposition * offset / 1000] = 0.0  # less than a token: full
         done = np.minimum(_tokens_within(np.cumsum(free), offset, per_token, per_kposition), total)
@@ -328,13 +338,16 @@ def _fill(
         at = offset + before
         used[window] += _prompt_time(take, at, per_token, per_kposition)
         keep = take > 0
-        reqs.append(np.full(int(keep.sum()), i))
-        where.append(window[keep])
-        parts.append(take[keep])
-        positions.append((take * (at + (take - 1) / 2) / 1000)[keep])
-    if not reqs:
-        return _Placement(np.zeros(0, dtype=int), np.zeros(0, dtype=int), np.zeros(0), np.zeros(0))
-    return _Placement(*(np.concatenate(column) for column in (reqs, where, parts, positions)))
+        reqs.extend([i] * int(keep.sum()))
+        where.extend(window[keep].tolist())
+        parts.extend(take[keep].tolist())
+        positions.extend((take * (at + (take - 1) / 2) / 1000)[keep].tolist())
+    return _Placement(
+        np.array(reqs, dtype=int),
+        np.array(where, dtype=int),
+        np.array(parts, dtype=float),
+        np.array(positions, dtype=float),
+    )
 
 
 def _fit_duration(
