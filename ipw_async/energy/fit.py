@@ -70,24 +70,18 @@ def _predict(
     if jac_of is None:
         return energy, None
     d_work = np.where(below, scale * gamma * work ** (gamma - 1), 0.0)
-    # per step, d(power)/d(parameter) of the parameters asked for; the meter's design maps all
-    # of them to intervals in one product (static and drift act on intervals directly)
-    per_step = {
-        "step": lambda: below.astype(float),
-        "scale": lambda: np.where(below, powered, 0.0),
-        "prefill": lambda: d_work * (prefill + kappa_p * position),
-        "exponent": lambda: np.where(below, scale * powered * np.log(work), 0.0),
-        "cap": lambda: (~below).astype(float),
-        "context": lambda: d_work * context,
-        "position": lambda: d_work * w * position,
+    columns = {
+        "static": problem.dt,
+        "drift": h,
+        "step": design @ below.astype(float),
+        "scale": design @ np.where(below, powered, 0.0),
+        "prefill": design @ (d_work * (prefill + kappa_p * position)),
+        "exponent": design @ np.where(below, scale * powered * np.log(work), 0.0),
+        "cap": design @ (~below).astype(float),
+        "context": design @ (d_work * context),
+        "position": design @ (d_work * w * position),
     }
-    wanted = [p for i, p in enumerate(PARAMS) if jac_of[i]]
-    stepwise = [p for p in wanted if p in per_step]
-    mapped = design @ np.column_stack([per_step[p]() for p in stepwise]) if stepwise else None
-    columns = {"static": problem.dt, "drift": h}
-    return energy, np.column_stack(
-        [columns[p] if p in columns else mapped[:, stepwise.index(p)] for p in wanted]  # type: ignore[index]
-    )
+    return energy, np.column_stack([columns[p] for i, p in enumerate(PARAMS) if jac_of[i]])
 
 
 def _bounds(problem: Problem, effects: frozenset[str], peak_w: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
