@@ -201,9 +201,7 @@ def _place_prefill(
     admitted = np.where(j > 0, full[np.maximum(j - 1, 0)] + 1, 0) if full.size else np.zeros_like(last)
     first = np.minimum(np.maximum(np.searchsorted(steps.start, sent[have], side="left"), admitted), last)
     # steps some prompt could have been prefilled in
-    cover = np.zeros(steps.count + 1, dtype=np.int64)
-    np.add.at(cover, first, 1)
-    np.add.at(cover, last + 1, -1)
+    cover = np.bincount(first, minlength=steps.count + 1) - np.bincount(last + 1, minlength=steps.count + 1)
     in_window = np.cumsum(cover[:-1]) > 0
     prefill, position = np.zeros(steps.count), np.zeros(steps.count)
     placement = _Placement(np.zeros(0, dtype=int), np.zeros(0, dtype=int), np.zeros(0), np.zeros(0))
@@ -362,15 +360,44 @@ def _fit_duration(
     implies then agrees with it whatever the truth."""
     if duration.size < MIN_TIMED_STEPS:
         return float(np.median(duration)) if duration.size else 0.0, 0.0, 0.0, 0.0, 0.0
-    columns = np.column_stack((np.ones_like(duration), decode, prefill, context, position))
-    simple, simple_rss = nnls(columns[:, :4], duration)
-    a, b, c, d = (float(v) for v in simple)
+    columns = np.column_stack((np.ones_like(duration), decode, prefill, position, context))
+    without_position = [0, 1, 2, 4]
+    coef = np.zeros(5)
+    coef[without_position], simple_rss = nnls(columns[:, without_position], duration)
     if (prefill > 0).sum() >= 2 * MIN_TIMED_STEPS:
         rich, rich_rss = nnls(columns, duration)
         if rich_rss**2 < (1 - POSITION_GAIN) * simple_rss**2:
-            a, b, c, d, e = (float(v) for v in rich)
-            return a, b, c, e, d
-    return a, b, c, 0.0, d
+            coef = rich
+    a, b, c, e, d = (float(v) for v in coef)
+    return a, b, c, e, d
+
+
+@dataclass
+class ChunkGroups:
+    """The token chunks of every request grouped by the step (burst) that brought them, in
+    request then time order: per group its request, step, tokens, and whether it is the
+    request's first (the one with the first token)."""
+
+    req: np.ndarray
+    step: np.ndarray
+    tokens: np.ndarray
+    opens: np.ndarray
+
+    @classmethod
+    def of(cls, requests: pl.DataFrame, bursts: np.ndarray) -> ChunkGroups:
+        """All requests at once: a loop per request was a third of finalizing 100,000 of them."""
+        lengths = requests.get_column("chunk_ns").list.len().fill_null(0).to_numpy()
+        times = requests.get_column("chunk_ns").explode().drop_nulls().to_numpy().astype(float)
+        tokens = requests.get_column("chunk_tokens").explode().drop_nulls().to_numpy().astype(float)
+        req = np.repeat(np.arange(requests.height), lengths)
+        k = np.clip(np.searchsorted(bursts, times, side="right") - 1, 0, max(bursts.size - 1, 0))
+        # chunks come in time order within a request: one group per (request, step), in order
+        new = np.concatenate(([True], (req[1:] != req[:-1]) | (k[1:] != k[:-1]))) if req.size else req > 0
+        heads = np.flatnonzero(new)
+        group_req = req[heads]
+        per_group = np.add.reduceat(tokens, heads) if heads.size else np.zeros(0)
+        opens = np.concatenate(([True], group_req[1:] != group_req[:-1])) if heads.size else new[:0]
+        return cls(group_req, k[heads], per_group, opens)
 
 
 def _decode_entries(
@@ -378,26 +405,14 @@ def _decode_entries(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per (request, step) with decode tokens: request, step, tokens and the context they read
     (thousands of tokens); per request its first token's step (-1: none); per step the requests
-    that got a token in it (the batch, less multi-step prompts). All requests at once: a loop
-    per request was a third of finalizing 100,000 of them."""
-    lengths = requests.get_column("chunk_ns").list.len().fill_null(0).to_numpy()
-    times = requests.get_column("chunk_ns").explode().drop_nulls().to_numpy().astype(float)
-    tokens = requests.get_column("chunk_tokens").explode().drop_nulls().to_numpy().astype(float)
-    req = np.repeat(np.arange(requests.height), lengths)
-    k = np.clip(np.searchsorted(end, times, side="right") - 1, 0, end.size - 1)
+    that got a token in it (the batch, less multi-step prompts)."""
+    groups = ChunkGroups.of(requests, end)
+    group_req, group_step, opens = groups.req, groups.step, groups.opens
     first_step = np.full(requests.height, -1)
-    # chunks come in time order within a request: one group per (request, step), in order
-    new = (
-        np.concatenate(([True], (req[1:] != req[:-1]) | (k[1:] != k[:-1]))) if req.size else req.astype(bool)
-    )
-    heads = np.flatnonzero(new)
-    group_req, group_step = req[heads], k[heads]
-    per_group = np.add.reduceat(tokens, heads) if heads.size else np.zeros(0)
-    opens = np.concatenate(([True], group_req[1:] != group_req[:-1])) if heads.size else new[:0]
     first_step[group_req[opens]] = group_step[opens]
     running = np.bincount(group_step, minlength=end.size).astype(float)
     # the first token comes with the prefill; tokens after it are decode work
-    per_group[opens] -= 1
+    per_group = groups.tokens - opens
     # a decode token reads the prompt, the first token and every token decoded before it
     done = np.cumsum(per_group) - per_group
     before = prompt[group_req] + 1.0 + done - np.maximum.accumulate(np.where(opens, done, 0.0))

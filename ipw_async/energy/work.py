@@ -16,47 +16,33 @@ from scipy import sparse
 
 from .model import PowerModel
 from .split import Segments, StepShares, safe_div
-from .steps import Steps, computed_prompt_tokens, steps_of
+from .steps import ChunkGroups, Steps, computed_prompt_tokens, steps_of
 
 
 def last_step_segments(requests: pl.DataFrame, steps: np.ndarray) -> Segments:
     """Prefill work (prompt tokens, weighed later, + the first token) all over the engine step
     that ended with the first token, then each step's tokens over the gap since the previous
     step that brought the request any (``steps``: the bursts' first arrivals, where the steps
-    end): one of the placements the band spans. All requests
-    at once (a loop per request was a tenth of finalizing 100,000 of them)."""
+    end): one of the placements the band spans. Cut at the bursts, not at each stream's read
+    of them: a cut at every read made the timeline's pieces ten times the steps."""
     sent = requests.get_column("sent_ns").to_numpy().astype(float)
     end = requests.get_column("end_ns").to_numpy().astype(float)
     prompt = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
-    lengths = requests.get_column("chunk_ns").list.len().fill_null(0).to_numpy()
-    times = requests.get_column("chunk_ns").explode().drop_nulls().to_numpy().astype(float)
-    # each chunk at its burst's first arrival: the streams read a step's tokens a little apart,
-    # and a cut at every read made the timeline's pieces ten times the steps at 100,000 requests
-    times = steps[np.clip(np.searchsorted(steps, times, side="right") - 1, 0, None)] if steps.size else times
-    tokens = requests.get_column("chunk_tokens").explode().drop_nulls().to_numpy().astype(float)
-    req = np.repeat(np.arange(requests.height), lengths)
-    order = np.lexsort((times, req))
-    req, times, tokens = req[order], times[order], tokens[order]
-    # chunks of one burst arrived together: their tokens share one gap
-    new = np.concatenate(([True], (req[1:] != req[:-1]) | (times[1:] != times[:-1]))) if req.size else req > 0
-    heads = np.flatnonzero(new)
-    g_req, g_end = req[heads], times[heads]
-    g_tokens = np.add.reduceat(tokens, heads) if heads.size else np.zeros(0)
-    opens = np.concatenate(([True], g_req[1:] != g_req[:-1])) if heads.size else new[:0]
+    groups = ChunkGroups.of(requests, steps)
+    g_req, opens = groups.req, groups.opens
+    g_end = steps[groups.step] if steps.size else np.zeros(0)
     # the burst before the one holding the first token ended the previous step
-    k = np.searchsorted(steps, g_end[opens], side="right") - 2
-    first_start = np.where(
-        k >= 0, np.maximum(sent[g_req[opens]], steps[np.maximum(k, 0)]), sent[g_req[opens]]
-    )
-    g_start = np.concatenate(([0.0], g_end[:-1])) if heads.size else g_end
-    g_start[opens] = first_start
+    first_sent = sent[g_req[opens]]
+    k = groups.step[opens] - 1
+    g_start = np.concatenate(([0.0], g_end[:-1]))[: g_end.size]
+    g_start[opens] = np.where(k >= 0, np.maximum(first_sent, steps[np.maximum(k, 0)]), first_sent)
     g_prompt = np.where(opens, prompt[g_req], 0.0)
     # a request with no chunk is busy all its window (a prompt of no computed tokens still is)
-    silent = np.flatnonzero(lengths == 0)
+    silent = np.flatnonzero(np.bincount(g_req, minlength=requests.height) == 0)
     r = np.concatenate((g_req, silent))
     s = np.concatenate((g_start, sent[silent]))
     e = np.concatenate((g_end, end[silent]))
-    w = np.concatenate((g_tokens, np.full(silent.size, 1e-9)))
+    w = np.concatenate((groups.tokens, np.full(silent.size, 1e-9)))
     p = np.concatenate((g_prompt, prompt[silent]))
     dur = e - s
     ok = dur > 0
