@@ -9,11 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-import matplotlib.image as mpimg
 import numpy as np
 import pytest
+from matplotlib.collections import PathCollection, PolyCollection
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from typer.testing import CliRunner
 
 from ipw_async import files
@@ -33,14 +36,42 @@ SWEEP_FILES = {
 }
 
 
-def assert_png_drawn(path: Path) -> None:
-    pixels = mpimg.imread(path)
-    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
-    assert float(np.std(pixels)) > 0, f"{path.name} is blank"
+def plotted_points(fig: Figure) -> dict[str, int]:
+    """Finite data points each axes of ``fig`` draws: line vertices, scatter offsets, bars."""
+    counts = {}
+    for i, ax in enumerate(fig.axes):
+        points = sum(int(np.isfinite(line.get_xydata()).all(axis=1).sum()) for line in ax.lines)
+        points += sum(len(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection))
+        points += sum(1 for c in ax.collections if isinstance(c, PolyCollection) and c.get_paths())
+        points += sum(1 for bar in ax.patches if isinstance(bar, Rectangle) and bar.get_height() != 0)
+        counts[ax.get_title() or ax.get_ylabel() or f"axes {i}"] = points
+    return counts
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> SweepResult:
+def drawn() -> Iterator[dict[str, dict[str, int]]]:
+    """Every figure saved while the module runs: its file name → points per axes, read off the
+    artists as it is saved (a blank set of axes with a title still makes a varied PNG)."""
+    figures: dict[str, dict[str, int]] = {}
+    save = Figure.savefig
+
+    def spy(fig: Figure, path: Path, *args: object, **kwargs: object) -> None:
+        figures[Path(path).name] = plotted_points(fig)
+        save(fig, path, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Figure, "savefig", spy)
+        yield figures
+
+
+def assert_drawn(drawn: dict[str, dict[str, int]], path: Path) -> None:
+    assert path.is_file() and path.stat().st_size > 0
+    axes = drawn[path.name]
+    assert axes and all(n > 0 for n in axes.values()), f"{path.name}: {axes}"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory, drawn: dict[str, dict[str, int]]) -> SweepResult:
     base = RunConfig(dataset="qa", max_queries=12, baseline_s=0, tail_s=0.2)
     base.sim.output_median = 8  # short answers keep four runs to a few seconds
     out = tmp_path_factory.mktemp("sweep")
@@ -52,7 +83,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_sweep_writes_every_file(sweep: SweepResult) -> None:
+def test_sweep_writes_every_file(sweep: SweepResult, drawn: dict[str, dict[str, int]]) -> None:
     assert {p.name for p in sweep.sweep_dir.iterdir()} >= SWEEP_FILES
     rows = read_csv(sweep.sweep_dir / "raw_runs.csv")
     assert [(r["level"], r["repeat"], r["seed"], r["status"]) for r in rows] == [
@@ -88,7 +119,7 @@ def test_sweep_writes_every_file(sweep: SweepResult) -> None:
         "pareto_frontier.png",
     }
     for path in sweep.plots.written:
-        assert_png_drawn(path)
+        assert_drawn(drawn, path)
 
 
 def test_summary_stats_follow_the_ci_formula(sweep: SweepResult) -> None:
@@ -128,12 +159,12 @@ def test_constraints_reject_with_reasons(sweep: SweepResult) -> None:
     assert best_levels(levels) == {"throughput": None, "j_per_query": None, "ipj": None}
 
 
-def test_plots_of_a_real_run(sweep: SweepResult, tmp_path: Path) -> None:
+def test_plots_of_a_real_run(sweep: SweepResult, tmp_path: Path, drawn: dict[str, dict[str, int]]) -> None:
     report = plot_run(sweep.out_dir / "c4_r0", tmp_path / "plots")
     assert report.skipped == {}
     assert len(report.written) == 9
     for path in report.written:
-        assert_png_drawn(path)
+        assert_drawn(drawn, path)
 
 
 def test_plot_skips_what_a_run_lacks(sweep: SweepResult, tmp_path: Path) -> None:

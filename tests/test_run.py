@@ -77,7 +77,6 @@ async def test_rate_mode_spaces_arrivals(tmp_path: Path) -> None:
     assert gaps.mean() == pytest.approx(1 / 40, rel=0.35)
     # requests went out on schedule: no cap, so none waited for a slot beyond loop latency
     late_ms = (frame.get_column("dispatched_ns").to_numpy() - scheduled) / 1e6
-    assert late_ms.min() >= 0
     assert float(np.percentile(late_ms, 90)) < 20
 
 
