@@ -84,7 +84,7 @@ import numpy as np
 from ipw_async import RunConfig, finalize, run_benchmark
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess, drawn_physics
 from ipw_async.sim.account import known_energy
-from ipw_async.sim.engine import ABSENT, EFFECTS, effects_of
+from ipw_async.sim.physics import ABSENT, EFFECTS, effects_of
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
 from ipw_async.telemetry.cadence import CounterGrid, chained
 
 # the module, not the function that ipw_async.harness re-exports under the same name
-finalize_module = importlib.import_module("ipw_async.harness.finalize")
+finalize_module = importlib.import_module("ipw_async.results")
 
 CONCURRENCY = 32
 TARGET_N = 100_000

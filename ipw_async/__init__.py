@@ -1,9 +1,12 @@
 """ipw-async: concurrent streaming benchmarks of LLM inference, with per-query energy."""
 
 from .energy import AttributionConfig, attribute
-from .files import read_arrow
-from .harness import RunAborted, RunConfig, RunDirError, RunError, RunResult, finalize, run, run_benchmark
+from .errors import RunAborted, RunError
+from .harness import RunConfig, run, run_benchmark
 from .records import RequestRecord, Status
+from .results import RunResult, finalize
+from .rundir.files import read_arrow
+from .rundir.manifest import RunDirError
 from .traces import QueryTrace, ToolCall, TurnTrace
 from .workload import Dataset, DatasetError, Query, TaskLog, Workload, WorkUnit
 from .workload.tools import Tool, Toolbox, ToolLatency

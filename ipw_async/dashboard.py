@@ -24,7 +24,7 @@ from .report import DASH, ms
 from .state import MeterState, RunState
 
 if TYPE_CHECKING:
-    from .harness import RunResult
+    from .results import RunResult
 
 MAX_HZ = 4.0
 LOOP_LAG_WARN_MS = 20.0

@@ -11,7 +11,7 @@ from rich.console import Console
 from .state import RunState
 
 if TYPE_CHECKING:
-    from .harness import RunResult
+    from .results import RunResult
 
 
 def progress_line(state: RunState) -> str:

@@ -128,6 +128,19 @@ def _total(values: Iterable[float | None]) -> float | None:
     return None if not items or any(v is None for v in items) else sum(items)  # type: ignore[arg-type]
 
 
+def parse_price(text: str | None) -> tuple[float, float] | None:
+    """``IN/OUT`` in USD per million tokens as USD per input and per output token."""
+    if text is None:
+        return None
+    try:
+        a, b = (float(x) / 1e6 for x in text.split("/"))
+    except ValueError:
+        raise ValueError(
+            f"--price {text!r}: expected IN/OUT in USD per million tokens, e.g. 0.15/0.60"
+        ) from None
+    return a, b
+
+
 def _cost(row: dict[str, Any], prices: tuple[float, float] | None) -> float | None:
     if prices is None or row["prompt_tokens"] is None or row["output_tokens"] is None:
         return None

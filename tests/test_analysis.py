@@ -12,7 +12,6 @@ import pytest
 from scipy import stats as sps
 from typer.testing import CliRunner
 
-from ipw_async import files
 from ipw_async.analysis import (
     analyze,
     compare_runs,
@@ -28,6 +27,7 @@ from ipw_async.analysis import (
 from ipw_async.analysis.constraints import best_levels, violations
 from ipw_async.cli import app
 from ipw_async.records import NS, RequestRecord, Status, records_frame
+from ipw_async.rundir import files
 
 MS = 1_000_000
 

@@ -19,12 +19,13 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from typer.testing import CliRunner
 
-from ipw_async import files
-from ipw_async.analysis import analyze, load_run, plot_run, run_sweep
+from ipw_async.analysis import analyze, load_run, plot_run
 from ipw_async.analysis.constraints import best_levels
 from ipw_async.analysis.sweep import SweepResult, judge
 from ipw_async.cli import app
 from ipw_async.harness import RunConfig
+from ipw_async.harness.sweep import run_sweep
+from ipw_async.rundir import files
 
 SWEEP_FILES = {
     "raw_runs.csv",

@@ -16,10 +16,10 @@ from rich.console import Console
 from ipw_async import dashboard
 from ipw_async._clock import now_ns
 from ipw_async.dashboard import Dashboard, PanelHistory, energy_meters, percentiles, render, sparkline
-from ipw_async.harness import RunResult
 from ipw_async.progress import progress_line
 from ipw_async.records import ErrorType, RequestRecord, Status
 from ipw_async.report import summary_table
+from ipw_async.results import RunResult
 from ipw_async.state import MeterState, RunState
 
 NS = 1_000_000_000

@@ -108,6 +108,21 @@ def test_finalize_without_what_it_needs_is_a_one_line_error(
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
 
 
+def test_a_run_from_a_newer_version_is_refused_with_what_to_do(finished_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    run_dir = tmp_path / "future"
+    shutil.copytree(finished_run, run_dir)
+    manifest = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps(manifest | {"format": manifest["format"] + 1}))
+    before = (run_dir / "records.arrow").read_bytes()
+    result = cli.invoke(app, ["finalize", str(run_dir)], env={"COLUMNS": "300"})
+    assert result.exit_code == 2
+    assert "by a newer ipw-async" in result.output and "upgrade ipw-async" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert (run_dir / "records.arrow").read_bytes() == before  # nothing rewritten
+
+
 def test_finalize_rejects_an_unknown_rule(finished_run: Path) -> None:
     result = cli.invoke(app, ["finalize", str(finished_run), "--attribution", "magic"])
     assert result.exit_code == 2 and "unknown attribution rule" in result.output

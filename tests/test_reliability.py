@@ -297,7 +297,7 @@ async def test_a_flush_cancelled_mid_write_still_lands_before_the_end_of_stream(
 ) -> None:
     # the end of a run cancels the periodic flush while its thread may be writing; the file's
     # close must wait for that write, or its rows land after the end-of-stream marker, unread
-    from ipw_async.files import RecordWriter
+    from ipw_async.rundir.files import RecordWriter
 
     writer = RecordWriter(tmp_path / "records.arrow")
     slow = writer._write

@@ -17,8 +17,8 @@ import pyarrow.ipc as ipc
 import pytest
 
 from ipw_async import QueryTrace, RunError, read_arrow, run_benchmark
-from ipw_async.files import PartialFileError, RecordWriter
 from ipw_async.records import RequestRecord
+from ipw_async.rundir.files import PartialFileError, RecordWriter
 from ipw_async.sim import SimulatorProcess
 
 from .conftest import quick_config

@@ -15,7 +15,8 @@ import pytest
 from ipw_async._clock import NS, now_ns
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess, drawn_physics
 from ipw_async.sim.device import Device
-from ipw_async.sim.engine import ABSENT, EFFECTS, MIN_CLOCK, Engine, SimRequest, effects_of
+from ipw_async.sim.engine import Engine, SimRequest
+from ipw_async.sim.physics import ABSENT, EFFECTS, MIN_CLOCK, effects_of
 from ipw_async.telemetry.sim import SimDeviceSource
 from ipw_async.workload.datasets import builtin_qa
 

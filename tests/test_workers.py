@@ -14,7 +14,7 @@ import pytest
 
 from ipw_async import run_benchmark
 from ipw_async.client import ClientConfig
-from ipw_async.harness.errors import RunAborted, RunError
+from ipw_async.errors import RunAborted, RunError
 from ipw_async.harness.ray_pool import local_cluster
 from ipw_async.harness.workers import WorkerPool, auto_workers
 from ipw_async.records import RequestRecord

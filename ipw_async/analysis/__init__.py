@@ -23,7 +23,6 @@ _EXPORTS: dict[str, str] = {
     "energy_report": "breakdown",
     "mean_ci": "repeats",
     "pareto_front": "pareto",
-    "run_sweep": "sweep",
     "SweepResult": "sweep",
     "headline_figures": "headline",
     "compare_runs": "compare",
@@ -58,7 +57,6 @@ __all__ = [
     "parse_slo",
     "plot_run",
     "regression_report",
-    "run_sweep",
 ]
 
 if TYPE_CHECKING:
@@ -74,7 +72,7 @@ if TYPE_CHECKING:
     from .regression import fit, regression_report
     from .repeats import mean_ci
     from .rundir import RunDir, RunDirError, load_run
-    from .sweep import SweepResult, run_sweep
+    from .sweep import SweepResult
 
 
 def __getattr__(name: str) -> Any:

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import files
-from ..harness import finalize
+from ..results import finalize
+from ..rundir import files
 from .accuracy import accuracy_report
 from .breakdown import energy_report
 from .latency import latency_report

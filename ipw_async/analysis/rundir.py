@@ -9,8 +9,8 @@ from typing import Any
 
 import polars as pl
 
-from .. import files
-from ..harness.directory import Manifest, RunDirError
+from ..rundir import files
+from ..rundir.manifest import Manifest, RunDirError
 from ..stats import measured
 from ..telemetry.base import Meter, Quantity
 from ..telemetry.cadence import CounterGrid

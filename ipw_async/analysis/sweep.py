@@ -1,33 +1,23 @@
-"""``sweep``: the same benchmark at several load levels, repeated, with statistics over repeats.
-
-Each level (a concurrency or an arrival rate) runs ``repeats`` times with seed = seed + r,
-each into its own run directory ``<out_dir>/<level>_r<r>``; the sweep's own files go to
-``<out_dir>/sweep/``. A run that fails is recorded as failed and the sweep goes on; Ctrl-C
-stops it and the files are still written from the runs that finished.
+"""A sweep's statistics: per level over its repeats, judged against constraints, with Pareto
+frontiers, written to ``<out_dir>/sweep/``. The runs themselves are the harness's
+(:mod:`ipw_async.harness.sweep`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import datetime as dt
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from .. import files
-from ..harness import Display, Manifest, RunConfig, RunDirError, RunError, run_benchmark
-from ..harness.directory import slug
 from ..load import LoadSpec
-from .constraints import BEST, best_levels, validate, violations
-from .headline import FIGURES, headline_figures
+from ..rundir import files
+from .constraints import BEST, best_levels, violations
+from .headline import FIGURES
 from .pareto import pareto_front
 from .plotting import PlotReport
 from .repeats import mean_ci
-from .rundir import load_run
 
 # the statistics kept per level (mean, std, ci95 over repeats)
 STAT_METRICS = (
@@ -87,113 +77,6 @@ def levels_of(concurrency: list[int] | None, rates: list[float] | None) -> tuple
     assert rates is not None
     # "rate5", not the runner's "r5": run directories end in _r<repeat>
     return "rate", [Level(f"rate{LoadSpec(rate=r).rate:g}", r, None, r) for r in rates]
-
-
-def default_sweep_dir(base: RunConfig) -> Path:
-    """``<runs root>/sweep_<UTC time>_<model or sim>``."""
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    name = base.model or ("sim" if base.base_url is None else "server")
-    return base.runs_root / f"sweep_{stamp}_{slug(name)}"
-
-
-def level_config(base: RunConfig, level: Level, repeat: int, out_dir: Path) -> RunConfig:
-    """The base config at this level and repeat: same dataset slice, seed + repeat."""
-    seed = base.seed + repeat
-    return dataclasses.replace(
-        base,
-        concurrency=level.concurrency,
-        rate=level.rate,
-        seed=seed,
-        dataset_seed=base.seed if base.dataset_seed is None else base.dataset_seed,
-        output_dir=out_dir / f"{level.label}_r{repeat}",
-    )
-
-
-def run_row(level: Level, repeat: int, config: RunConfig) -> dict[str, Any]:
-    """A raw_runs row before the run: figures all null until it finishes."""
-    return {
-        "level": level.label,
-        "value": level.value,
-        "repeat": repeat,
-        "seed": config.seed,
-        "run_dir": str(config.output_dir),
-        "status": "failed",
-        "complete": False,
-        "simulated": config.base_url is None,
-        "error": None,
-    } | dict.fromkeys(FIGURES)
-
-
-def _run_id(run_dir: Path) -> str | None:
-    try:
-        return Manifest.read(run_dir).run_id
-    except RunDirError:
-        return None
-
-
-def _fill(row: dict[str, Any], run_dir: Path, previous_id: str | None) -> None:
-    """Figures from whatever this run left on disk (an interrupted run leaves records).
-
-    A run refused before it started may have found an older run there: that one is not read.
-    """
-    run_id = _run_id(run_dir)
-    if run_id is None or run_id == previous_id or not (run_dir / files.RECORDS).is_file():
-        return
-    try:
-        run = load_run(run_dir)
-    except ValueError:
-        return
-    row |= headline_figures(run) | {"complete": run.complete}
-
-
-def run_sweep(
-    base: RunConfig,
-    concurrency: list[int] | None,
-    rates: list[float] | None,
-    repeats: int,
-    out_dir: Path,
-    constraints: dict[str, float | None],
-    display: Display | None = None,
-    progress: Callable[[dict[str, Any], int, int], None] | None = None,
-) -> SweepResult:
-    """Run every level ``repeats`` times and write ``<out_dir>/sweep/``; blocking.
-
-    ``display`` shows each run's progress (None: nothing); ``progress(row, done, total)`` is
-    called after each run. Raises ValueError for bad arguments before running anything.
-    """
-    mode, levels = levels_of(concurrency, rates)
-    if repeats < 1:
-        raise ValueError("--repeats must be at least 1")
-    limits = validate(constraints)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = []
-    total = len(levels) * repeats
-    interrupted = False
-    for level in levels:
-        for repeat in range(repeats):
-            config = level_config(base, level, repeat, out_dir)
-            row = run_row(level, repeat, config)
-            rows.append(row)
-            assert config.output_dir is not None
-            previous = _run_id(config.output_dir)
-            try:
-                asyncio.run(run_benchmark(config, display))
-                row["status"] = "ok"
-            except RunError as exc:
-                row["error"] = str(exc)
-            except Exception as exc:  # one broken run must not lose a long sweep
-                row["error"] = f"{type(exc).__name__}: {exc}"
-            except KeyboardInterrupt:
-                row["status"], row["error"] = "interrupted", "stopped by Ctrl-C"
-                interrupted = True
-            _fill(row, config.output_dir, previous)
-            if progress is not None:
-                progress(row, len(rows), total)
-            if interrupted:
-                break
-        if interrupted:
-            break
-    return write_sweep(out_dir, mode, levels, rows, limits, base, repeats, interrupted)
 
 
 def level_stats(levels: list[Level], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -268,7 +151,8 @@ def write_sweep(
     levels: list[Level],
     rows: list[dict[str, Any]],
     limits: dict[str, float],
-    base: RunConfig,
+    base_config: dict[str, Any],
+    simulated: bool,
     repeats: int,
     interrupted: bool,
 ) -> SweepResult:
@@ -292,7 +176,7 @@ def write_sweep(
         "mode": mode,
         "levels": [lv.label for lv in levels],
         "repeats": repeats,
-        "simulated": base.base_url is None,
+        "simulated": simulated,
         "interrupted": interrupted,
         "complete": not interrupted and all(r["status"] == "ok" for r in rows),
         "constraints": limits,
@@ -319,9 +203,9 @@ def write_sweep(
             }
             for name, front in fronts.items()
         },
-        "base_config": base.public(),
+        "base_config": base_config,
     }
     files.write_json(sweep_dir / "summary.json", summary)
     result = SweepResult(out_dir, mode, rows, stats, summary, interrupted)
-    result.plots = plot_sweep(mode, stats, rows, fronts, sweep_dir / "plots", base.base_url is None)
+    result.plots = plot_sweep(mode, stats, rows, fronts, sweep_dir / "plots", simulated)
     return result

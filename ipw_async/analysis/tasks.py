@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import files
+from ..rundir import files
 from ..stats import measured, task_stats, window_s
 from ..traces import QueryTrace
 from .rundir import RunDir

@@ -187,7 +187,7 @@ def sweep(
 
     Writes raw_runs.csv, summary_stats.csv/.json, the Pareto frontiers, summary.json (levels accepted or rejected by the constraints, and the best) and plots under OUTPUT_DIR/sweep/. Ctrl-C stops the sweep and still writes the results of the runs that finished.
     """
-    from ..analysis.sweep import default_sweep_dir, run_sweep
+    from ..harness.sweep import default_sweep_dir, run_sweep
 
     try:
         options = parse_run_args(ctx.args)

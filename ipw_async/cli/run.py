@@ -13,8 +13,11 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..harness import RunAborted, RunConfig, RunDirError, RunError, finalize, run_benchmark
+from ..errors import RunAborted, RunError
+from ..harness import RunConfig, run_benchmark
 from ..harness.session import Display
+from ..results import finalize
+from ..rundir.manifest import RunDirError
 from ..sim import EngineConfig, Faults, SimConfig, serve
 from ._common import Debug, err, fail, out
 from .options import RUN_PARAMETERS, parameters, run_config, values_for, with_parameters

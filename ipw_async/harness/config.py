@@ -15,12 +15,13 @@ from typing import Any
 
 from .._options import option
 from ..energy import RULES
+from ..errors import RunError
 from ..load import LoadSpec
 from ..scoring import SCORERS
 from ..sim import SimConfig
+from ..traces import parse_price
 from ..workload.agentic import PROTOCOLS
 from ..workload.tools import ToolLatency
-from .errors import RunError
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
@@ -38,19 +39,6 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
 
 
 WORKLOADS = ("single", "agentic", "conversation")
-
-
-def parse_price(text: str | None) -> tuple[float, float] | None:
-    """``IN/OUT`` in USD per million tokens as USD per input and per output token."""
-    if text is None:
-        return None
-    try:
-        a, b = (float(x) / 1e6 for x in text.split("/"))
-    except ValueError:
-        raise ValueError(
-            f"--price {text!r}: expected IN/OUT in USD per million tokens, e.g. 0.15/0.60"
-        ) from None
-    return a, b
 
 
 def _gpu_list(text: str | None) -> list[str] | None:

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._clock import now_ns
 from ..client import StreamingClient
-from ..files import JsonLines, RecordWriter
 from ..records import ErrorType, RequestRecord, Status
+from ..rundir.files import JsonLines, RecordWriter
 from ..scoring import score
 from ..state import RunState
 from ..workload import Query, TaskLog, Workload, WorkUnit

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import RunError
+from ..errors import RunError
 
 # open files besides the connections: run files, telemetry devices, the simulator's pipes, DNS
 SPARE_FILES = 64

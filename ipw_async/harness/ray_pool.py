@@ -30,9 +30,9 @@ import psutil
 
 from .._clock import now_ns
 from ..client import ClientConfig, StreamingClient
-from ..telemetry.remote import OPEN_PINGS, ClockSync
+from ..clock_sync import OPEN_PINGS, ClockSync
+from ..errors import RunError
 from ..workload import WorkUnit
-from .errors import RunError
 from .executor import Executor
 from .workers import CLOSE_TIMEOUT_S, Ledger, Message, WorkerRequests, WorkerSetup, run_unit
 

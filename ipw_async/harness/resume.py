@@ -17,12 +17,12 @@ from typing import Any
 
 import polars as pl
 
-from .. import files
+from ..errors import RunError
+from ..rundir import files
+from ..rundir.manifest import Manifest, RunDirError, boot_id
+from ..rundir.read import read_records, read_tasks
 from ..sim.process import config_from_json
 from .config import RunConfig
-from .directory import Manifest, RunDirError, boot_id
-from .errors import RunError
-from .finalize import read_records
 
 
 @dataclass
@@ -43,10 +43,8 @@ class Resume:
 
 
 def _finished_units(records: pl.DataFrame, run_dir: Path) -> set[int]:
-    tasks_path = run_dir / files.TASKS
-    if tasks_path.is_file() or records.get_column("task_id").drop_nulls().len():
-        logged = files.read_jsonl(tasks_path) if tasks_path.is_file() else []
-        return {t["task_id"] for t in logged if t["outcome"] != "cancelled"}
+    if (run_dir / files.TASKS).is_file() or records.get_column("task_id").drop_nulls().len():
+        return {t["task_id"] for t in read_tasks(run_dir) if t["outcome"] != "cancelled"}
     ended = records.filter(pl.col("status") != "cancelled")
     return set(ended.get_column("unit_id").to_list())
 

@@ -22,10 +22,13 @@ import anyio
 import numpy as np
 import polars as pl
 
-from .. import files
 from .._clock import NS, ClockAnchor, now_ns
 from ..client import ClientConfig, StreamingClient, list_models
+from ..errors import RunAborted, RunError
 from ..load import LoadSpec, drive
+from ..results import RunResult, finalize
+from ..rundir import files
+from ..rundir.manifest import Manifest, RunDirError, default_run_dir, prepare
 from ..sim import SimConfig, SimulatorProcess
 from ..state import MeterState, Phase, RunState
 from ..stats import distribution
@@ -35,12 +38,8 @@ from ..workload.agentic import Agentic
 from ..workload.conversations import ConversationReplay, builtin_conversations, load_conversations
 from ..workload.single_turn import SingleTurn
 from ..workload.tools import Toolbox, ToolLatency
-from . import directory
 from .config import RunConfig
-from .directory import Manifest, RunDirError
-from .errors import RunAborted, RunError
 from .executor import Executor
-from .finalize import RunResult, finalize
 from .health import HarnessCpu, LoopLag, gc_frozen
 from .limits import ensure_open_files
 from .ray_pool import RayPool
@@ -234,13 +233,13 @@ class _Session:
             label = self.spec.label if sim is None else f"sim_{self.spec.label}"
             run_dir = Path(
                 config.output_dir
-                or directory.default_run_dir(Path(config.runs_root), model, self.workload.name, label)
+                or default_run_dir(Path(config.runs_root), model, self.workload.name, label)
             )
             if note := ensure_open_files(self.spec.pool_size):
                 self._note(note)
             resume = self.resume
             if resume is None:
-                directory.prepare(run_dir, config.overwrite)
+                prepare(run_dir, config.overwrite)
             else:
                 self._note(
                     f"resuming {run_dir} as session {resume.session}: {len(resume.done_units)} units done, "

@@ -29,9 +29,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ..client import ClientConfig, StreamingClient
+from ..errors import RunError
 from ..records import RequestRecord
 from ..workload import TaskLog, Workload, WorkUnit
-from .errors import RunError
 from .executor import Executor, Requests
 
 CLOSE_TIMEOUT_S = 10.0

@@ -1,6 +1,6 @@
 """The built-in simulator: an OpenAI-compatible server and a simulated device (all SIMULATED)."""
 
-from .engine import EngineConfig, drawn_physics
+from .physics import EngineConfig, drawn_physics
 from .process import SimulatorError, SimulatorProcess
 from .server import FAULT_OUTCOMES, SIM_MODEL, Faults, SimConfig, serve
 

@@ -19,9 +19,9 @@ import polars as pl
 from ..energy import AttributionConfig, request_windows, split_with_known
 from ..energy.model import Drift, PowerModel
 from ..energy.steps import Steps, steps_of
-from ..harness.directory import Manifest
-from ..harness.finalize import read_records, read_telemetry
-from .engine import EngineConfig
+from ..rundir.manifest import Manifest
+from ..rundir.read import read_records, read_telemetry
+from .physics import EngineConfig
 
 
 def physics(engine: EngineConfig) -> PowerModel:

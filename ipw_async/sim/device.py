@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from .._clock import NS, now_ns
 
 if TYPE_CHECKING:
-    from .engine import EngineConfig
+    from .physics import EngineConfig
 
 AMBIENT_C = 30.0
 HOT_RISE_C = 50.0  # above ambient at h = 1

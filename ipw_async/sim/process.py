@@ -13,7 +13,7 @@ from typing import Self
 import httpx
 
 from .._child import ChildError, ChildServer
-from .engine import EngineConfig
+from .physics import EngineConfig
 from .server import READY_PREFIX, Faults, SimConfig
 
 SimulatorError = ChildError  # the simulator did not start, or not healthy

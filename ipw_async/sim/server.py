@@ -18,7 +18,8 @@ from .._options import option
 from ..workload.datasets import qa_pairs, question_of
 from ..workload.tasks import AgentTask, task_by_question
 from ..workload.tools import BUILTIN_TOOLS
-from .engine import Engine, EngineConfig, SimRequest
+from .engine import Engine, SimRequest
+from .physics import EngineConfig
 
 SIM_MODEL = "sim-small"
 READY_PREFIX = "IPW_SIM_READY"

@@ -21,7 +21,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .records import RequestRecord, records_frame
+from ..records import RequestRecord, records_frame
 
 RUN = "run.json"
 RECORDS = "records.arrow"

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import files
 from .._clock import NS, ClockAnchor
+from ..errors import RunError
 from ..telemetry.base import Meter
-from .errors import RunError
+from . import files
 
 FORMAT = 1
 
@@ -190,6 +190,16 @@ class Manifest:
                 "than 0.2 wrote it"
             )
         try:
-            return cls.from_dict(files.read_json(path))
-        except (ValueError, KeyError, TypeError) as exc:
+            data = files.read_json(path)
+        except ValueError as exc:
+            raise RunDirError(f"{path} is not a run description ipw-async can read ({exc})") from None
+        written = data.get("format", FORMAT) if isinstance(data, dict) else FORMAT
+        if isinstance(written, int) and written > FORMAT:
+            raise RunDirError(
+                f"{run_dir} was written in run format {written} by a newer ipw-async; this one reads "
+                f"format {FORMAT} and older: upgrade ipw-async to read it"
+            )
+        try:
+            return cls.from_dict(data)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise RunDirError(f"{path} is not a run description ipw-async can read ({exc})") from None

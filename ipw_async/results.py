@@ -13,15 +13,15 @@ from typing import Any
 
 import polars as pl
 
-from .. import files
-from .._clock import NS
-from ..energy import AttributionConfig, attribute, energy_over
-from ..records import RECORD_SCHEMA, end_ns
-from ..stats import distribution, latency_stats, measured, task_stats, window_s
-from ..telemetry.base import Meter
-from ..traces import QueryTrace, tool_waits, traces_from_records, traces_from_tasks, write_traces
-from .config import parse_price
-from .directory import Manifest, RunDirError
+from ._clock import NS
+from .energy import AttributionConfig, attribute, energy_over
+from .records import end_ns
+from .rundir import files
+from .rundir.manifest import Manifest
+from .rundir.read import read_records, read_tasks, read_telemetry
+from .stats import distribution, latency_stats, measured, task_stats, window_s
+from .telemetry.base import Meter
+from .traces import QueryTrace, parse_price, tool_waits, traces_from_records, traces_from_tasks, write_traces
 
 
 @dataclass
@@ -79,7 +79,7 @@ def finalize(
         energy_section |= section
     files.write_frame(records, run_dir / files.RECORDS)
     headline = [m for m in manifest.meters if m.channel in energy_section.get("headline_meters", ())]
-    tasks = _read_tasks(run_dir)
+    tasks = read_tasks(run_dir)
     traces = _traces(
         records, tasks, telemetry, headline, parse_price(config.get("price")), manifest.session_starts_ns
     )
@@ -91,20 +91,6 @@ def finalize(
         summary["tasks"] = task_stats(traces, window_s(measured(records)))
     files.write_json(run_dir / files.SUMMARY, summary)
     return RunResult(run_dir=run_dir, summary=summary, records=records)
-
-
-def read_records(run_dir: Path, partial_ok: bool = False) -> pl.DataFrame:
-    """The measured columns of a run's records (none of an earlier finalize's energy columns)."""
-    path = run_dir / files.RECORDS
-    if not path.is_file():
-        raise RunDirError(f"{run_dir} holds no {files.RECORDS}; is it a run directory?")
-    frame = files.read_arrow(path, partial_ok=partial_ok)
-    # a column this version records that the run's version did not: unknown, not zero
-    missing = [
-        pl.lit(None, dtype).alias(name) for name, dtype in RECORD_SCHEMA.items() if name not in frame.columns
-    ]
-    # the measured columns only: energy columns of an earlier finalize are made anew
-    return frame.with_columns(missing).select(list(RECORD_SCHEMA)).sort("request_id")
 
 
 def loss(
@@ -135,11 +121,6 @@ def loss(
     }
 
 
-def _read_tasks(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / files.TASKS
-    return files.read_jsonl(path) if path.is_file() else []
-
-
 def _traces(
     records: pl.DataFrame,
     tasks: list[dict[str, Any]],
@@ -156,19 +137,6 @@ def _traces(
     if telemetry is not None and headline:
         tool_wait_j = energy_over(telemetry, headline, [tool_waits(t, rows) for t in tasks], breaks)
     return traces_from_tasks(tasks, rows, prices, tool_wait_j)
-
-
-def read_telemetry(run_dir: Path, manifest: Manifest) -> pl.DataFrame | None:
-    """The run's telemetry log; None for a run with no meters, an error where meters lack it."""
-    path = run_dir / files.TELEMETRY
-    if path.is_file():
-        return files.read_arrow(path)
-    if manifest.meters:
-        raise RunDirError(
-            f"{run_dir} holds no {files.TELEMETRY}, which its energy meters "
-            f"({', '.join(m.channel for m in manifest.meters)}) need"
-        )
-    return None
 
 
 def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,228 @@
+"""The simulated server's physics: the engine's step times and the device's power, static,
+meter and limits (:class:`EngineConfig`), the effects a real device has, and random draws of
+them for judging attribution on devices it was not tuned to."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from .._options import option
+
+TELEMETRY_KINDS = ("counter", "power", "avg-power")
+POWER_LIMITS = ("clip", "stretch")
+MIN_CLOCK = 0.4  # the least share of its clock a device at its power limit drops to (~800 of 1980 MHz)
+
+
+@dataclass
+class EngineConfig:
+    max_batch: int = field(default=128, metadata=option("Most sequences decoded together in one step."))
+    step_base_ms: float = field(
+        default=14.0, metadata=option("Duration of an engine step with an empty batch.")
+    )
+    step_per_seq_ms: float = field(
+        default=0.12, metadata=option("Extra step time per sequence in the batch.")
+    )
+    step_per_prefill_token_ms: float = field(
+        default=0.03, metadata=option("Extra step time per prompt token prefilled.")
+    )
+    prefill_budget_tokens: int = field(
+        default=2048,
+        metadata=option("Most prompt tokens prefilled in one step (chunked prefill).", "--prefill-budget"),
+    )
+    zero_delay: bool = field(
+        default=False, metadata=option("Steps take no time: measure the client, not the model.")
+    )
+    # device
+    static_w: float = field(default=70.0, metadata=option("Device idle (static) power in watts."))
+    dynamic_w: float = field(
+        default=28.0, metadata=option("Dynamic power of one decoding sequence in watts.")
+    )
+    work_exponent: float = field(
+        default=0.6, metadata=option("Dynamic power grows as work ** this (sub-linear).")
+    )
+    prefill_work: float = field(
+        default=0.3, metadata=option("A prompt token's work relative to an output token.")
+    )
+    max_w: float = field(default=700.0, metadata=option("Device power limit in watts."))
+    power_limit: str = field(
+        default="stretch",
+        metadata=option(
+            "At the power limit: clip (power capped, steps as long as ever) or stretch (clocks "
+            "drop, to 40% at most: steps last longer at the limit's power)."
+        ),
+    )
+    step_w: float = field(
+        default=60.0,
+        metadata=option("Power drawn while any step runs, whatever its batch (weight streaming, launches)."),
+    )
+    context_work: float = field(
+        default=0.0,
+        metadata=option("Extra work of a decoding sequence per 1000 tokens of its context (KV cache reads)."),
+    )
+    step_per_context_ms: float = field(
+        default=0.0, metadata=option("Extra step time per 1000 tokens of context across the batch.")
+    )
+    prefill_position_work: float = field(
+        default=0.0,
+        metadata=option("Extra work (and time) of a prompt token per 1000 tokens of position in its prompt."),
+    )
+    meter_lag_ms: float = field(
+        default=40.0, metadata=option("Time constant of the meter's lag behind the device's power, ms.")
+    )
+    counter_jitter_ms: float = field(
+        default=2.0,
+        metadata=option("Each counter update lands up to this many ms off its grid (fixed per update)."),
+    )
+    thermal_leak_w: float = field(
+        default=0.0, metadata=option("Static power added by a fully warm die, W (0: static never drifts).")
+    )
+    thermal_tau_s: float = field(
+        default=20.0, metadata=option("Time constant of the die warming and cooling, s.")
+    )
+    counter_period_ms: float = field(
+        default=100.0, metadata=option("Energy counter update period in ms.", "--counter-ms")
+    )
+    telemetry: str = field(
+        default="counter",
+        metadata=option("What the device exposes: counter, power or avg-power.", "--device-telemetry"),
+    )
+    # every Nth second the device answers nothing (0: never): gaps that force imputation
+    dropout_every_s: int = field(
+        default=0,
+        metadata=option(
+            "The device answers nothing every Nth second (0: never), to test imputation.",
+            "--device-dropout-every",
+        ),
+    )
+
+    prefix_cache: bool = field(
+        default=False,
+        metadata=option(
+            "Cache prompt prefixes: leading blocks of a prompt seen before cost no prefill "
+            "(as vLLM's automatic prefix caching)."
+        ),
+    )
+
+    record_steps: bool = field(
+        default=False,
+        metadata=option(
+            "Keep every engine step (when it ran, each prompt's chunk, the decoders, its work) "
+            "in /sim/truth, to judge attribution step by step."
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.telemetry not in TELEMETRY_KINDS:
+            raise ValueError(f"--device-telemetry must be one of {', '.join(TELEMETRY_KINDS)}")
+        if self.power_limit not in POWER_LIMITS:
+            raise ValueError(
+                f"--power-limit must be one of {', '.join(POWER_LIMITS)}, not {self.power_limit!r}"
+            )
+        if self.max_w <= self.static_w + self.thermal_leak_w:
+            raise ValueError(
+                f"--max-w ({self.max_w:g} W) must exceed the warm static power "
+                f"({self.static_w:g} + {self.thermal_leak_w:g} W)"
+            )
+        if self.thermal_tau_s <= 0:
+            raise ValueError("--thermal-tau-s must be positive")
+        negative = [name for name in _EFFECT_AMOUNTS if getattr(self, name) < 0]
+        if negative:
+            raise ValueError(f"cannot be negative: {', '.join(negative)}")
+
+
+# every effect field at its absent value: the device as it was before they existed
+ABSENT: dict[str, object] = {
+    "step_w": 0.0,
+    "context_work": 0.0,
+    "step_per_context_ms": 0.0,
+    "prefill_position_work": 0.0,
+    "meter_lag_ms": 0.0,
+    "counter_jitter_ms": 0.0,
+    "thermal_leak_w": 0.0,
+    "thermal_tau_s": 20.0,
+    "max_w": 700.0,
+    "power_limit": "clip",
+}
+_EFFECT_AMOUNTS = (
+    "step_w",
+    "context_work",
+    "step_per_context_ms",
+    "prefill_position_work",
+    "meter_lag_ms",
+    "counter_jitter_ms",
+    "thermal_leak_w",
+)
+
+# one representative setting per effect, each within drawn_physics' ranges
+EFFECTS: dict[str, dict[str, object]] = {
+    "step": {"step_w": 60.0},
+    "context": {"context_work": 0.3, "step_per_context_ms": 0.02},
+    "position": {"prefill_position_work": 0.2},
+    "lag": {"meter_lag_ms": 50.0},
+    "jitter": {"counter_jitter_ms": 2.0},
+    "thermal": {"thermal_leak_w": 30.0, "thermal_tau_s": 20.0},
+    "stretch": {"max_w": 300.0, "power_limit": "stretch"},
+}
+
+
+def effects_of(config: EngineConfig) -> list[str]:
+    """The names (keys of :data:`EFFECTS`) of the real-device effects present in ``config``."""
+    present = {
+        "step": config.step_w > 0,
+        "context": config.context_work > 0 or config.step_per_context_ms > 0,
+        "position": config.prefill_position_work > 0,
+        "lag": config.meter_lag_ms > 0,
+        "jitter": config.counter_jitter_ms > 0,
+        "thermal": config.thermal_leak_w > 0,
+        "stretch": config.power_limit == "stretch",
+    }
+    return [name for name in EFFECTS if present[name]]
+
+
+def drawn_physics(seed: int, *, effects: bool = True, **fixed: object) -> EngineConfig:
+    """A server and device drawn at random from ``seed``: the simulator as a family, so an
+    attribution rule is judged on physics it was not tuned to. Each real-device effect is
+    present in about 60% of draws (none with ``effects=False``). ``fixed`` pins fields."""
+    rng = random.Random(seed)
+
+    def log_uniform(low: float, high: float, rng: random.Random = rng) -> float:
+        return math.exp(rng.uniform(math.log(low), math.log(high)))
+
+    drawn: dict[str, object] = {
+        **ABSENT,  # an effect not drawn is absent, whatever the default device has
+        "work_exponent": rng.uniform(0.5, 1.0),
+        "prefill_work": rng.uniform(0.1, 1.5),
+        "static_w": rng.uniform(30.0, 150.0),
+        "dynamic_w": rng.uniform(10.0, 60.0),
+        "step_base_ms": rng.uniform(5.0, 30.0),
+        "step_per_seq_ms": log_uniform(0.06, 0.24),
+        "step_per_prefill_token_ms": log_uniform(0.015, 0.06),
+        "prefill_budget_tokens": round(log_uniform(512, 8192)),
+        "counter_period_ms": log_uniform(10.0, 500.0),
+        "prefix_cache": rng.random() < 0.5,
+    }
+    if effects:
+        # a stream of its own, so the draws above stay what they were before effects existed
+        fx = random.Random(seed + 1_000_003)
+        period = float(fixed.get("counter_period_ms", drawn["counter_period_ms"]))  # type: ignore[arg-type]
+        static = float(fixed.get("static_w", drawn["static_w"]))  # type: ignore[arg-type]
+        if fx.random() < 0.6:
+            drawn["step_w"] = fx.uniform(10.0, 120.0)
+        if fx.random() < 0.6:
+            drawn["context_work"] = log_uniform(0.05, 1.0, fx)
+            drawn["step_per_context_ms"] = log_uniform(0.005, 0.05, fx)
+        if fx.random() < 0.6:
+            drawn["prefill_position_work"] = fx.uniform(0.05, 0.5)
+        if fx.random() < 0.6:
+            drawn["meter_lag_ms"] = fx.uniform(10.0, 100.0)
+        if fx.random() < 0.6:
+            drawn["counter_jitter_ms"] = fx.uniform(0.5, min(5.0, period / 4))
+        if fx.random() < 0.6:
+            drawn["thermal_leak_w"] = fx.uniform(5.0, 60.0)
+            drawn["thermal_tau_s"] = fx.uniform(5.0, 60.0)
+        if fx.random() < 0.5:
+            drawn["max_w"] = static + fx.uniform(150.0, 600.0)
+            drawn["power_limit"] = "stretch" if fx.random() < 0.5 else "clip"
+    return EngineConfig(**(drawn | fixed))  # type: ignore[arg-type]
