@@ -1,0 +1,150 @@
+"""The package's layering, read from the source: no import circle, and the rules that keep each
+room to its concern. Imports inside functions and under TYPE_CHECKING count: a lazy import is
+still a dependency, and a circle through one is still a circle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parent.parent / "ipw_async"
+
+# What the code does today that the rules forbid, each to be removed by a change of its own
+# (the executor's split, the client's own transport). The test fails when one of these goes
+# away without leaving this list, so the list only shrinks.
+KNOWN = {
+    "circle: ipw_async.harness.executor, ipw_async.harness.ray_pool, ipw_async.harness.workers",
+    "ipw_async.client imports ipw_async.workload.datasets: the client builds bodies from dataset rows",
+    "ipw_async.harness.executor imports ipw_async.harness.ray_pool: the executor knows its pools",
+    "ipw_async.harness.executor imports ipw_async.harness.workers: the executor knows its pools",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def exists(name: str) -> bool:
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports_of(path: Path) -> set[str]:
+    """The ipw_async modules ``path`` imports: ``from .x import y`` is ``x.y`` where y is a module."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "ipw_async"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "ipw_async":
+                continue
+            for alias in node.names:
+                found.add(f"{target}.{alias.name}" if exists(f"{target}.{alias.name}") else target)
+    return found - {name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in PACKAGE.rglob("*.py")}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan). A package's
+    ``__init__`` importing its own modules is not a circle: those edges are left out."""
+    edges = {m: {d for d in deps if d in graph and not m.startswith(d + ".")} for m, deps in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(m: str) -> None:
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for d in edges[m]:
+            if d not in index:
+                visit(d)
+                low[m] = min(low[m], low[d])
+            elif d in stack:
+                low[m] = min(low[m], index[d])
+        if low[m] == index[m]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == m:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for m in sorted(edges):
+        if m not in index:
+            visit(m)
+    return found
+
+
+def under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def broken_rules(graph: dict[str, set[str]]) -> set[str]:
+    why = {
+        "harness": "the harness runs benchmarks; this room only reads or measures",
+        "workload": "the client builds bodies from dataset rows",
+        "telemetry.remote": "remote telemetry is the telemetry package's own business",
+        "pool": "the executor knows its pools",
+    }
+    out = set()
+    for m, deps in graph.items():
+        for d in deps:
+            rule = None
+            if any(under(m, f"ipw_async.{p}") for p in ("sim", "analysis", "telemetry")) and under(
+                d, "ipw_async.harness"
+            ):
+                rule = "harness"
+            elif under(m, "ipw_async.client") and under(d, "ipw_async.workload"):
+                rule = "workload"
+            elif under(d, "ipw_async.telemetry.remote") and not under(m, "ipw_async.telemetry"):
+                rule = "telemetry.remote"
+            elif m == "ipw_async.harness.executor" and d in (
+                "ipw_async.harness.workers",
+                "ipw_async.harness.ray_pool",
+            ):
+                rule = "pool"
+            if rule:
+                out.add(f"{m} imports {d}: {why[rule]}")
+    return out
+
+
+def violations(graph: dict[str, set[str]]) -> set[str]:
+    return {f"circle: {', '.join(c)}" for c in circles(graph)} | broken_rules(graph)
+
+
+def test_the_package_keeps_its_layers() -> None:
+    found = violations(import_graph())
+    assert found - KNOWN == set(), "new layering violations"
+    assert KNOWN - found == set(), "fixed: take these out of KNOWN"
+
+
+def test_a_planted_violation_is_caught() -> None:
+    graph = import_graph()
+    graph["ipw_async.sim.engine"] = graph["ipw_async.sim.engine"] | {"ipw_async.harness.session"}
+    graph["ipw_async.telemetry.base"] = graph["ipw_async.telemetry.base"] | {"ipw_async.analysis.rundir"}
+    found = violations(graph) - KNOWN
+    assert "ipw_async.sim.engine imports ipw_async.harness.session: " + (
+        "the harness runs benchmarks; this room only reads or measures"
+    ) in found
+    # analysis.rundir reads telemetry.base: the planted edge back closes a circle
+    assert any(v.startswith("circle: ") and "ipw_async.telemetry.base" in v for v in found)
+
+
+def test_the_graph_sees_relative_and_lazy_imports() -> None:
+    graph = import_graph()
+    assert "ipw_async.rundir.files" in graph["ipw_async.results"]  # from .rundir import files
+    assert "ipw_async.harness.sweep" in graph["ipw_async.cli.analysis"]  # imported inside a function
