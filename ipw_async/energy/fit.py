@@ -6,9 +6,10 @@ models differ in the effects they have; a richer one is kept only where it predi
 intervals it was not fitted to better: blocked cross-validation, contiguous stretches of the
 run held out in turn, so that a slow effect cannot be learned from its neighbours. The
 selection is greedy: from static + linear work, add the effect that predicts best while it
-earns its place, or, where none does alone, the best pair of them. A meter's lag is fitted over a grid of time constants (each step's energy
-spills past it as a first-order response), a drifting static over a covariate's time
-constants, the rest by bounded least squares with an analytic Jacobian.
+earns its place (in a short run, where none does alone, the best pair of them). A meter's lag
+is fitted over a grid of time constants (each step's energy spills past it as a first-order
+response), a drifting static over a covariate's time constants, the rest by bounded least
+squares with an analytic Jacobian.
 """
 
 from __future__ import annotations
@@ -344,19 +345,24 @@ def _select(problem: Problem, notes: list[str]) -> tuple[Fit, dict[frozenset[str
             current = frozenset({"curve"})
         notes.append(f"{intervals} meter intervals: too few to compare models out of sample, R² {r2 or 0:.2f}")
         return fits[current], held, []
+
+    def earned(candidates: list[frozenset[str]], tried: int) -> frozenset[str] | None:
+        best = min(candidates, key=lambda c: _rmse(held[c]), default=None)
+        return best if best is not None and _better(held[best], held[current], tried) else None
+
     while True:
-        trials = [current | {e} for e in applicable if e not in current]
-        for trial in trials:
-            evaluate(trial, fits[current].theta)
-        trials.sort(key=lambda t: _rmse(held[t]))
-        if not (trials and _better(held[trials[0]], held[current])):
-            pairs = [a | b for a, b in combinations(trials, 2)] if intervals < PAIRS_BELOW else []
+        singles = [current | {e} for e in applicable if e not in current]
+        for single in singles:
+            evaluate(single, fits[current].theta)
+        step = earned(singles, 1)
+        if step is None and intervals < PAIRS_BELOW:
+            pairs = [a | b for a, b in combinations(singles, 2)]
             for pair in pairs:
-                evaluate(pair, min((fits[t] for t in trials if t < pair), key=lambda f: f.cost).theta)
-            trials = sorted(pairs, key=lambda t: _rmse(held[t]))
-            if not (trials and _better(held[trials[0]], held[current], len(pairs))):
-                break
-        current = trials[0]
+                evaluate(pair, min((fits[s] for s in singles if s < pair), key=lambda f: f.cost).theta)
+            step = earned(pairs, len(pairs))
+        if step is None:
+            break
+        current = step
     # the band spans the candidates that predicted held-out intervals about as well (within
     # five times the gain that keeps an effect): the run cannot say which of them is right
     near = (1 + 5 * MIN_GAIN) * _rmse(held[current]) + RESOLUTION
