@@ -13,7 +13,6 @@ from httpx_aiohttp import AiohttpTransport
 
 from ._clock import now_ns
 from .records import ErrorType, RequestRecord, Status
-from .workload.datasets import Query
 
 
 class ServerUnreachable(Exception):
@@ -308,13 +307,12 @@ class StreamingClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    def body(self, query: Query, model: str, stop: tuple[str, ...] = ()) -> bytes:
-        """One query as a request body under the configured endpoint."""
+    def prompt_fields(self, prompt: str, stop: tuple[str, ...] = ()) -> dict[str, Any]:
+        """One user prompt as the configured endpoint takes it (chat messages, or a completion
+        prompt with its stop sequences)."""
         if self.config.endpoint == "chat":
-            fields: dict[str, Any] = {"messages": [{"role": "user", "content": query.prompt}]}
-        else:
-            fields = {"prompt": query.prompt} | ({"stop": list(stop)} if stop else {})
-        return self.payload(model, fields | query.extra_body, query.max_tokens)
+            return {"messages": [{"role": "user", "content": prompt}]}
+        return {"prompt": prompt} | ({"stop": list(stop)} if stop else {})
 
     def payload(self, model: str, fields: dict[str, Any], max_tokens: int | None = None) -> bytes:
         """A streaming request body: ``fields`` (messages or prompt, tools, stop, …) over the

@@ -109,7 +109,7 @@ async def _send(base_url: str, query: Query, request_id: int = 0, **client: obje
     c = StreamingClient(ClientConfig(base_url=base_url, max_connections=4, **client), t0)  # type: ignore[arg-type]
     try:
         record = RequestRecord(request_id=request_id, query_id=query.id, dataset="t", prompt=query.prompt)
-        await c.send(record, c.body(query, "sim-small"))
+        await c.send(record, c.payload("sim-small", c.prompt_fields(query.prompt), query.max_tokens))
         return record
     finally:
         await c.aclose()
@@ -132,7 +132,7 @@ async def test_http_error_is_recorded(sim: SimulatorProcess) -> None:
     t0 = now_ns()
     c = StreamingClient(ClientConfig(base_url=sim.base_url, max_connections=2), t0)
     record = RequestRecord(request_id=1, query_id="a", dataset="t", prompt="x")
-    await c.send(record, c.body(Query(id="a", prompt="x"), "no-such-model"))
+    await c.send(record, c.payload("no-such-model", c.prompt_fields("x")))
     await c.aclose()
     assert record.status is Status.ERROR and record.error_type is ErrorType.HTTP
     assert record.http_status == 404 and "does not exist" in (record.error_message or "")

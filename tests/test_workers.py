@@ -13,11 +13,14 @@ import psutil
 import pytest
 
 from ipw_async import run_benchmark
+from ipw_async._clock import now_ns
 from ipw_async.client import ClientConfig
 from ipw_async.errors import RunAborted, RunError
 from ipw_async.harness.ray_pool import local_cluster
+from ipw_async.harness.worker_protocol import Kept, Renumbering, Started, TaskDone, WorkerSetup
 from ipw_async.harness.workers import WorkerPool, auto_workers
 from ipw_async.records import RequestRecord
+from ipw_async.workload import Query, Requests, TaskLog, WorkUnit
 
 from .conftest import quick_config
 
@@ -137,33 +140,42 @@ async def test_agentic_tasks_over_ray_actors_keep_their_turns_and_traces(
     await check_agentic_traces(tmp_path, ray=ray_cluster, workers="2")
 
 
-async def test_the_ledger_keeps_interleaved_tasks_apart(tmp_path: Path) -> None:
+class Heard:
+    """A coordinator that keeps what it hears, numbering requests 0, 1, 2, ..."""
+
+    def __init__(self, refuse_records: bool = False) -> None:
+        self.ids = iter(range(100))
+        self.records: list[RequestRecord] = []
+        self.logs: list[TaskLog] = []
+        self.stopped: list[str] = []
+        self.refuse_records = refuse_records
+
+    def next_id(self) -> int:
+        return next(self.ids)
+
+    def started(self) -> None:
+        pass
+
+    async def kept(self, record: RequestRecord) -> None:
+        if self.refuse_records:
+            raise RuntimeError("the ledger failed")
+        self.records.append(record)
+
+    def task_started(self) -> None:
+        pass
+
+    def task_done(self, log: TaskLog) -> None:
+        self.logs.append(log)
+
+    def stop(self, reason: str) -> None:
+        self.stopped.append(reason)
+
+
+async def test_renumbering_keeps_interleaved_tasks_apart() -> None:
     # two tasks on one worker whose calls carry the same numbers, their messages interleaved:
     # each call gets its own id, and each task log the ids of its own calls
-    from ipw_async.harness.workers import Ledger
-    from ipw_async.records import RequestRecord
-    from ipw_async.workload import TaskLog
-
-    class Run:
-        def __init__(self) -> None:
-            self.ids = iter(range(100))
-            self.records: list[RequestRecord] = []
-            self.logs: list[TaskLog] = []
-
-        def next_id(self) -> int:
-            return next(self.ids)
-
-        def started(self, record: None) -> None:
-            pass
-
-        async def kept(self, record: RequestRecord) -> None:
-            self.records.append(record)
-
-        def task_done(self, log: TaskLog) -> None:
-            self.logs.append(log)
-
-    run = Run()
-    ledger = Ledger(run)  # type: ignore[arg-type]
+    run = Heard()
+    renumbering = Renumbering(run)
 
     def call(task: int) -> RequestRecord:
         return RequestRecord(request_id=0, query_id="q", dataset="d", prompt="p", unit_id=task, task_id=task)
@@ -171,30 +183,47 @@ async def test_the_ledger_keeps_interleaved_tasks_apart(tmp_path: Path) -> None:
     def log(task: int) -> TaskLog:
         return TaskLog(task, "q", "d", False, "p", None, 0, turns=[{"request_id": 0}])
 
-    for message in [("started", 1, 0), ("started", 2, 0), ("kept", call(2)), ("kept", call(1))]:
-        await ledger.apply(0, message)
-    await ledger.apply(0, ("task_done", log(1)))
-    await ledger.apply(0, ("task_done", log(2)))
+    for message in [
+        Started(1, 0),
+        Started(2, 0),
+        Kept(call(2)),
+        Kept(call(1)),
+        TaskDone(log(1)),
+        TaskDone(log(2)),
+    ]:
+        await renumbering.apply(0, message)
     assert [(r.unit_id, r.request_id) for r in run.records] == [(2, 1), (1, 0)]
     assert [(t.task_id, t.turns[0]["request_id"]) for t in run.logs] == [(1, 0), (2, 1)]
 
 
-async def test_a_message_the_coordinator_cannot_apply_stops_the_run_instead_of_hanging_it() -> None:
-    # a record from a request the coordinator never heard start: the pool's consumer cannot
-    # number it. It used to die silently, leaving every unit waiting and close() spinning
-    reasons: list[str] = []
+class OneRequest:
+    """A workload of one request per unit (a worker process imports it from here)."""
 
-    class Coordinator:  # the one executor method the failure path calls
-        def stop(self, reason: str) -> None:
-            reasons.append(reason)
+    name = "one"
+    scorer = None
 
-    pool = WorkerPool(Coordinator(), 1, ClientConfig(base_url="http://127.0.0.1:1/v1"))  # type: ignore[arg-type]
-    waiting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    pool._pending[3] = (0, waiting)
-    pool._consumer = asyncio.create_task(pool._consume())
-    record = RequestRecord(request_id=0, query_id="q", dataset="d", prompt="p", unit_id=3)
-    pool._messages.put_nowait((0, ("kept", record)))
-    with pytest.raises(RuntimeError, match="worker pool stopped"):
-        await asyncio.wait_for(waiting, 5)
-    await asyncio.wait_for(pool.close(), 5)
-    assert len(reasons) == 1 and "could not be applied" in reasons[0]
+    def size(self) -> int:
+        return 1
+
+    def units(self, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
+        yield WorkUnit(0, Query("q", "hello"), warmup)
+
+    async def perform(self, unit: WorkUnit, requests: Requests, scheduled_ns: int) -> None:
+        record = requests.new_record(unit, scheduled_ns, unit.query.prompt)
+        await requests.request(record, requests.body(unit.query))
+
+
+async def test_a_report_the_coordinator_cannot_apply_stops_the_run_instead_of_hanging_it() -> None:
+    # a real worker process whose record the run cannot take: the pool's consumer used to die
+    # silently, leaving every unit waiting and close() spinning
+    run = Heard(refuse_records=True)
+    client = ClientConfig(base_url="http://127.0.0.1:1/v1", connect_timeout=2.0)  # nothing listens
+    pool = WorkerPool(run, WorkerSetup(OneRequest(), client, now_ns(), "m", None, 0), count=1)
+    await pool.start()
+    try:
+        unit = next(OneRequest().units(1, False))
+        with pytest.raises(RuntimeError, match="worker pool stopped"):
+            await asyncio.wait_for(pool.execute(unit, now_ns()), 30)
+    finally:
+        await asyncio.wait_for(pool.close(), 30)
+    assert len(run.stopped) == 1 and "could not be applied" in run.stopped[0]

@@ -1,4 +1,4 @@
-"""The workload seam: any workload's units run through the same driver, executor and files."""
+"""The workload seam: any workload's units run through the same driver, requests and files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import polars as pl
 
 from ipw_async import Query, WorkUnit, run_benchmark
 from ipw_async.sim import SimulatorProcess
-from ipw_async.workload import Executor
+from ipw_async.workload import Requests
 
 from .conftest import quick_config
 
@@ -31,11 +31,11 @@ class AskTwice:
         for i, question in enumerate(self.questions[:count]):
             yield WorkUnit(i, Query(f"q{i}", question), warmup)
 
-    async def perform(self, unit: WorkUnit, executor: Executor, scheduled_ns: int) -> None:
+    async def perform(self, unit: WorkUnit, requests: Requests, scheduled_ns: int) -> None:
         self.performed.append(unit.unit_id)
         for prompt in (unit.query.prompt, f"{unit.query.prompt} Are you sure?"):
-            record = executor.new_record(unit, scheduled_ns, prompt)
-            await executor.request(record, executor.body(Query(unit.query.id, prompt, max_tokens=8)))
+            record = requests.new_record(unit, scheduled_ns, prompt)
+            await requests.request(record, requests.body(Query(unit.query.id, prompt, max_tokens=8)))
 
 
 async def test_a_custom_workload_runs_through_the_seam(tmp_path: Path, sim: SimulatorProcess) -> None:

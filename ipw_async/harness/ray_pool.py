@@ -2,7 +2,7 @@
 
 Ray places the actors (``SPREAD``: one node after another); nothing here manages the cluster.
 Each actor streams the units the coordinator hands it, as a worker process does, and returns
-what the run's executor would have seen when the unit ends. A node's monotonic clock is not
+what the run's ledger would have seen (:mod:`.worker_protocol`) when the unit ends. A node's monotonic clock is not
 the coordinator's: each actor's offset is measured from round trips to it (the midpoint
 method, best of many) before it gets work, and it stamps on its own clock from the run's
 start as that clock reads it, so its records come back on the coordinator's timeline.
@@ -29,12 +29,21 @@ from typing import Any
 import psutil
 
 from .._clock import now_ns
-from ..client import ClientConfig, StreamingClient
+from ..client import StreamingClient
 from ..clock_sync import OPEN_PINGS, ClockSync
 from ..errors import RunError
 from ..workload import WorkUnit
-from .executor import Executor
-from .workers import CLOSE_TIMEOUT_S, Ledger, Message, WorkerRequests, WorkerSetup, run_unit
+from .ledger import Coordinator
+from .worker_protocol import (
+    CLOSE_TIMEOUT_S,
+    Message,
+    Renumbering,
+    UnitDone,
+    UnitFailed,
+    WorkerSetup,
+    WorkerSink,
+    run_unit,
+)
 
 
 class RayWorker:
@@ -43,8 +52,8 @@ class RayWorker:
     def __init__(self, setup: WorkerSetup) -> None:
         self.setup = setup
         self.client: StreamingClient | None = None
-        self.running: dict[int, asyncio.Task[None]] = {}
-        self.ids = itertools.count()  # one numbering for every unit it runs: the Ledger keys on it
+        self.running: dict[int, asyncio.Task[Message]] = {}
+        self.numbers = itertools.count()  # one numbering for every unit it runs
 
     async def clock(self) -> int:
         return now_ns()
@@ -63,13 +72,11 @@ class RayWorker:
     async def perform(self, unit: WorkUnit, scheduled_ns: int) -> list[Message]:
         assert self.client is not None
         messages: list[Message] = []
-        side = WorkerRequests(self.setup, self.client, messages.append, self.ids)
-        task = asyncio.get_running_loop().create_task(
-            run_unit(self.setup.workload, side, unit, scheduled_ns, messages.append)
-        )
+        requests = self.setup.requests(self.client, WorkerSink(messages.append, self.numbers))
+        task = asyncio.get_running_loop().create_task(run_unit(requests, unit, scheduled_ns))
         self.running[unit.unit_id] = task  # for cancel(): the task ends with its records
         try:
-            await task
+            messages.append(await task)
         finally:
             self.running.pop(unit.unit_id, None)
         return messages
@@ -99,12 +106,12 @@ async def _reachable(address: str, timeout_s: float = 3.0) -> None:
 
 
 class RayPool:
-    """K actors behind the run's :class:`Executor`."""
+    """K actors reporting to the run's ledger."""
 
-    def __init__(self, executor: Executor, count: int, client: ClientConfig, address: str) -> None:
-        self.executor = executor
+    def __init__(self, run: Coordinator, setup: WorkerSetup, count: int, address: str) -> None:
+        self.run = run
+        self.setup = setup
         self.count = count
-        self.client = client
         self.address = address
         self._ray: Any = None
         self._actors: list[Any] = []
@@ -114,7 +121,7 @@ class RayPool:
         self._local_pids: list[int] = []
         self._load: list[int] = []
         self._collecting: set[asyncio.Task[None]] = set()
-        self._ledger = Ledger(executor)
+        self._renumbering = Renumbering(run)
 
     async def start(self) -> None:
         try:
@@ -139,11 +146,11 @@ class RayPool:
             self.count = max(
                 1, sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU"))
             )
-        ex = self.executor
-        per_actor = replace(self.client, max_connections=math.ceil(self.client.max_connections / self.count))
+        client = self.setup.client
+        per_actor = replace(client, max_connections=math.ceil(client.max_connections / self.count))
+        setup = replace(self.setup, client=per_actor)
         actor = ray.remote(num_cpus=1, max_concurrency=max(per_actor.max_connections, 1) + 8)(RayWorker)
-        for index in range(self.count):
-            setup = WorkerSetup(index, ex.workload, per_actor, ex.t0_ns, ex.model, ex.scorer, ex.session)
+        for _ in range(self.count):
             handle = actor.options(scheduling_strategy="SPREAD", name=None).remote(setup)
             self._actors.append(handle)
             self._load.append(0)
@@ -154,7 +161,7 @@ class RayPool:
                 remote = await handle.clock.remote()
                 sync.add(sent, remote, now_ns())
             offset = sync.best().offset_ns
-            await handle.start.remote(ex.t0_ns + offset)
+            await handle.start.remote(self.setup.t0_ns + offset)
             self._syncs.append(sync)
             self._offsets.append(offset)
             host, node, pid = await handle.where.remote()
@@ -195,16 +202,20 @@ class RayPool:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the actor died (RayActorError) or its node went away
-            self.executor.stop(
+            self.run.stop(
                 f"Ray worker {index} failed ({type(exc).__name__}); the unit it was running is lost"
             )
             return
         finally:
             self._load[index] -= 1
         for message in messages:
-            if message[0] == "failed":
-                raise RuntimeError(f"Ray worker {index}: {message[2]}")
-            await self._ledger.apply(index, message)
+            match message:
+                case UnitFailed(_, error):
+                    raise RuntimeError(f"Ray worker {index}: {error}")
+                case UnitDone():
+                    pass
+                case _:
+                    await self._renumbering.apply(index, message)
 
     async def close(self) -> None:
         """Let the cancelled units come back with their records, then end the actors."""

@@ -39,11 +39,13 @@ from ..workload.conversations import ConversationReplay, builtin_conversations, 
 from ..workload.single_turn import SingleTurn
 from ..workload.tools import Toolbox, ToolLatency
 from .config import RunConfig
-from .executor import Executor
+from .dispatch import Dispatch, LocalDispatch
 from .health import HarnessCpu, LoopLag, gc_frozen
+from .ledger import RunLedger
 from .limits import ensure_open_files
 from .ray_pool import RayPool
 from .resume import Resume, resume_from
+from .worker_protocol import WorkerSetup
 from .workers import WorkerPool, auto_workers
 
 FLUSH_S = 0.5  # records and telemetry reach the disk at least this often: what a kill -9 can lose
@@ -232,8 +234,7 @@ class _Session:
                 raise RunError(str(exc)) from None
             label = self.spec.label if sim is None else f"sim_{self.spec.label}"
             run_dir = Path(
-                config.output_dir
-                or default_run_dir(Path(config.runs_root), model, self.workload.name, label)
+                config.output_dir or default_run_dir(Path(config.runs_root), model, self.workload.name, label)
             )
             if note := ensure_open_files(self.spec.pool_size):
                 self._note(note)
@@ -270,17 +271,12 @@ class _Session:
                 if telemetry.opened
                 else None
             )
-            executor = Executor(
-                self.workload,
-                client,
-                model,
+            ledger = RunLedger(
                 writer,
                 task_log,
                 state,
-                scorer=config.scorer or self.workload.scorer,
                 server=config.base_url or "the simulator",
                 abort_after=config.abort_after_connect_errors,
-                session=0 if resume is None else resume.session,
                 first_request_id=0 if resume is None else resume.next_request_id,
                 done_units=frozenset() if resume is None else resume.done_units,
             )
@@ -292,57 +288,81 @@ class _Session:
                     await sampler.sample_once()
                 try:  # each file is closed even when the disk refuses what is left
                     if tel_file is not None:
-                        with _refused(executor, tel_file.stream.path):
+                        with _refused(ledger, tel_file.stream.path):
                             await files.write_in_thread(tel_file.flush)
-                        with _refused(executor, tel_file.stream.path):
+                        with _refused(ledger, tel_file.stream.path):
                             tel_file.stream.close()
-                    with _refused(executor, writer.path):
+                    with _refused(ledger, writer.path):
                         await writer.close()
                 finally:
                     task_log.close()
                 manifest.meters, manifest.counter_events = sampler.meters, sampler.counter_events()
                 manifest.clocks = sampler.clocks()
-                manifest.dispatched = executor.dispatched
-                self.abort_reason = executor.abort_reason
+                manifest.dispatched = ledger.dispatched
+                self.abort_reason = ledger.abort_reason
                 manifest.end = self._end(sampler)
-                with _refused(executor, run_dir / files.RUN):
+                with _refused(ledger, run_dir / files.RUN):
                     manifest.write(run_dir)
                 state.phase = Phase.DONE
 
             stack.push_async_callback(close_files)
-            count = self._worker_count()
-            if config.ray is not None or count > 1:
-                pool: WorkerPool | RayPool = (
-                    RayPool(executor, count, self._client_config(base_url), config.ray)
-                    if config.ray is not None
-                    else WorkerPool(executor, count, self._client_config(base_url))
-                )
-                stack.push_async_callback(pool.close)  # before the files close: it keeps the last records
-                await pool.start()
-                executor.workers = pool
-                self.cpu.track(pool.pids)
-                self.pool_report = pool.report()
-                where = f"Ray actors on {config.ray}" if config.ray is not None else "worker processes"
-                self._note(f"{pool.count} {where} stream the load; this one schedules, samples and writes")
+            dispatch = await self._dispatch(stack, ledger, client, model, anchor.monotonic_ns, base_url)
             tasks = _Tasks()
             stack.push_async_callback(tasks.cancel_all)
             tasks.start(sampler.run())
             tasks.start(self.lag.watch())
             tasks.start(_mirror(state, sampler, self.lag))
-            tasks.start(_flush_every(FLUSH_S, tel_file, sampler, manifest, executor, run_dir))
+            tasks.start(_flush_every(FLUSH_S, tel_file, sampler, manifest, ledger, run_dir))
             if self.display is not None:
                 tasks.start(self.display.run(state))
             try:
                 await self._phases(
-                    state, executor, manifest, run_dir, tasks, has_telemetry=bool(telemetry.opened)
+                    state, ledger, dispatch, manifest, run_dir, tasks, has_telemetry=bool(telemetry.opened)
                 )
             except (asyncio.CancelledError, KeyboardInterrupt) as exc:
                 self.interrupted = exc
 
+    async def _dispatch(
+        self,
+        stack: contextlib.AsyncExitStack,
+        ledger: RunLedger,
+        client: StreamingClient,
+        model: str,
+        t0_ns: int,
+        base_url: str,
+    ) -> Dispatch:
+        """Where units run: this loop, or worker processes or Ray actors started now (closed
+        before the files: they keep the last records)."""
+        config = self.config
+        setup = WorkerSetup(
+            self.workload,
+            self._client_config(base_url),
+            t0_ns,
+            model,
+            config.scorer or self.workload.scorer,
+            0 if self.resume is None else self.resume.session,
+        )
+        count = self._worker_count()
+        if config.ray is None and count <= 1:
+            return LocalDispatch(ledger, setup, client)
+        pool: Dispatch = (
+            RayPool(ledger, setup, count, config.ray)
+            if config.ray is not None
+            else WorkerPool(ledger, setup, count)
+        )
+        stack.push_async_callback(pool.close)
+        await pool.start()
+        self.cpu.track(pool.pids)
+        self.pool_report = pool.report()
+        where = f"Ray actors on {config.ray}" if config.ray is not None else "worker processes"
+        self._note(f"{pool.count} {where} stream the load; this one schedules, samples and writes")
+        return pool
+
     async def _phases(
         self,
         state: RunState,
-        executor: Executor,
+        ledger: RunLedger,
+        dispatch: Dispatch,
         manifest: Manifest,
         run_dir: Path,
         tasks: _Tasks,
@@ -360,17 +380,16 @@ class _Session:
             manifest.write(run_dir)
         if config.warmup and self.resume is None:
             state.phase = Phase.WARMUP
-            await drive(spec, executor.units(config.warmup, True), executor.execute, rng)
+            await drive(spec, ledger.units(self.workload, config.warmup, True), dispatch.execute, rng)
         state.phase = Phase.MEASURING
         state.started_ns = now_ns()
         deadline = now_ns() + int(config.duration * NS) if config.duration else None
         with gc_frozen(), self.cpu.measuring():
-            load = tasks.start(
-                drive(spec, executor.units(self._planned(), False), executor.execute, rng, deadline)
-            )
-            aborted = tasks.start(executor.aborted.wait())
+            units = ledger.units(self.workload, self._planned(), False)
+            load = tasks.start(drive(spec, units, dispatch.execute, rng, deadline))
+            aborted = tasks.start(ledger.aborted.wait())
             await asyncio.wait({load, aborted}, return_when=asyncio.FIRST_COMPLETED)
-            if executor.aborted.is_set():
+            if ledger.aborted.is_set():
                 load.cancel()
                 await asyncio.gather(load, return_exceptions=True)
             else:
@@ -534,12 +553,12 @@ def _continue(manifest: Manifest, resume: Resume, started_ns: int) -> None:
 
 
 @contextlib.contextmanager
-def _refused(executor: Executor, path: Path) -> Iterator[None]:
+def _refused(ledger: RunLedger, path: Path) -> Iterator[None]:
     """A write the disk refuses (full, removed) ends the run with the reason, not a traceback."""
     try:
         yield
     except OSError as exc:
-        executor.stop(f"cannot write {path}: {exc.strerror or exc}")
+        ledger.stop(f"cannot write {path}: {exc.strerror or exc}")
 
 
 async def _flush_every(
@@ -547,21 +566,21 @@ async def _flush_every(
     tel_file: _TelemetryFile | None,
     sampler: Sampler,
     manifest: Manifest,
-    executor: Executor,
+    ledger: RunLedger,
     run_dir: Path,
 ) -> None:
     """Records and telemetry to disk, and run.json kept current (grids learned, counter
     resets, requests dispatched)."""
-    while not executor.aborted.is_set():
+    while not ledger.aborted.is_set():
         await asyncio.sleep(period_s)
         if not run_dir.is_dir():  # writes to its open files would vanish with it
-            executor.stop(f"the run directory {run_dir} was removed while the run was writing to it")
+            ledger.stop(f"the run directory {run_dir} was removed while the run was writing to it")
             return
-        await executor.flush()
+        await ledger.flush()
         if tel_file is not None:
-            with _refused(executor, tel_file.stream.path):
+            with _refused(ledger, tel_file.stream.path):
                 await files.write_in_thread(tel_file.flush)
-        meters, events, dispatched = sampler.meters, sampler.counter_events(), executor.dispatched
+        meters, events, dispatched = sampler.meters, sampler.counter_events(), ledger.dispatched
         if (
             meters != manifest.meters
             or events != manifest.counter_events
@@ -570,7 +589,7 @@ async def _flush_every(
             manifest.meters, manifest.counter_events, manifest.dispatched = meters, events, dispatched
             manifest.clocks = sampler.clocks()
             # built on the loop, written off it: twice a second, the loop should not wait on disk
-            with _refused(executor, run_dir / files.RUN):
+            with _refused(ledger, run_dir / files.RUN):
                 await anyio.to_thread.run_sync(files.write_json, run_dir / files.RUN, manifest.as_dict())
 
 

@@ -1,6 +1,6 @@
 """What a run sends. A workload yields units of work; the load driver schedules units and knows
-nothing of what they do; an executor (the run's, holding client, writer and live state) runs
-each one through the workload's :meth:`Workload.perform`.
+nothing of what they do; where the unit runs (here, a worker process, a Ray actor), the
+workload's :meth:`Workload.perform` makes its requests through :class:`Requests`.
 
 A unit is data with an id, not a closure, so a unit can later be resumed or handed to another
 process. Single-turn dataset requests are the first workload.
@@ -44,8 +44,9 @@ class UnitCycle:
             yield WorkUnit(next(self._ids), query, warmup)
 
 
-class Executor(Protocol):
-    """What a workload may ask of the run while it performs a unit."""
+class Requests(Protocol):
+    """What a workload may ask of the run while it performs a unit: records, bodies, requests
+    sent and kept, and task logs."""
 
     @property
     def t0_ns(self) -> int:
@@ -100,17 +101,17 @@ class Workload(Protocol):
         """The next ``count`` units (None: without end); successive calls continue."""
         ...
 
-    async def perform(self, unit: WorkUnit, executor: Executor, scheduled_ns: int) -> None:
-        """Do the unit's work through ``executor``; the driver scheduled it for ``scheduled_ns``."""
+    async def perform(self, unit: WorkUnit, requests: Requests, scheduled_ns: int) -> None:
+        """Do the unit's work through ``requests``; the driver scheduled it for ``scheduled_ns``."""
         ...
 
 
 __all__ = [
     "Dataset",
     "DatasetError",
-    "Executor",
     "Outcome",
     "Query",
+    "Requests",
     "TaskLog",
     "UnitCycle",
     "WorkUnit",

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from .._clock import NS, now_ns
 from ..records import RequestRecord, Status
 from ..scoring import score
-from . import Executor, UnitCycle, WorkUnit
+from . import Requests, UnitCycle, WorkUnit
 from .datasets import Query
 from .tasklog import Outcome, TaskLog
 from .tasks import AgentTask, builtin_tasks
@@ -218,27 +218,27 @@ class Agentic:
             return ToolCalling(task.question, self.toolbox.specs())
         return ReAct(task.question, self.chat)
 
-    async def perform(self, unit: WorkUnit, executor: Executor, scheduled_ns: int) -> None:
+    async def perform(self, unit: WorkUnit, requests: Requests, scheduled_ns: int) -> None:
         task = self._by_id[unit.query.id]
-        t0 = executor.t0_ns
+        t0 = requests.t0_ns
         log = TaskLog(
             unit.unit_id, task.id, self.name, unit.warmup, task.question, task.answer, scheduled_ns - t0
         )
         conversation = self._conversation(task)
         rng = random.Random(f"{self.seed}:{unit.unit_id}")  # tool latencies, reproducible per task
         deadline = None if self.task_timeout_s is None else now_ns() + int(self.task_timeout_s * NS)
-        executor.task_started()
+        requests.task_started()
         try:
             for turn in range(self.max_turns):
                 if deadline is not None and now_ns() > deadline:
                     log.end(Outcome.TIMEOUT, t0)
                     return
-                record = executor.new_record(
+                record = requests.new_record(
                     unit, scheduled_ns if turn == 0 else now_ns(), conversation.new_input, turn
                 )
                 log.turn(record)
                 judge = functools.partial(_judge, conversation, task)
-                await executor.request(record, executor.payload(conversation.fields()), judge)
+                await requests.request(record, requests.payload(conversation.fields()), judge)
                 if record.status is not Status.OK:
                     log.end(Outcome.ERROR, t0)
                     return
@@ -263,4 +263,4 @@ class Agentic:
         finally:
             if log.outcome is None:  # cancelled mid-task: what it did so far still counts
                 log.end(Outcome.CANCELLED, t0)
-            executor.task_done(log)
+            requests.task_done(log)

@@ -20,7 +20,7 @@ import anyio
 
 from .._clock import now_ns
 from ..records import Status
-from . import Executor, UnitCycle, WorkUnit
+from . import Requests, UnitCycle, WorkUnit
 from .datasets import DatasetError, Query, qa_pairs
 from .tasklog import Outcome, TaskLog
 
@@ -129,9 +129,9 @@ class ConversationReplay:
         transcript = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages)
         return {"prompt": transcript + "Assistant:", "stop": ["\nUser:"]}
 
-    async def perform(self, unit: WorkUnit, executor: Executor, scheduled_ns: int) -> None:
+    async def perform(self, unit: WorkUnit, requests: Requests, scheduled_ns: int) -> None:
         conversation = self._by_id[unit.query.id]
-        t0 = executor.t0_ns
+        t0 = requests.t0_ns
         log = TaskLog(
             unit.unit_id,
             conversation.id,
@@ -142,16 +142,16 @@ class ConversationReplay:
             scheduled_ns - t0,
         )
         messages = [{"role": "system", "content": conversation.system}] if conversation.system else []
-        executor.task_started()
+        requests.task_started()
         try:
             for i, turn in enumerate(conversation.turns):
                 think = turn.think_s if i > 0 else 0.0
                 if think:
                     await anyio.sleep(think)
                 messages.append({"role": "user", "content": turn.content})
-                record = executor.new_record(unit, scheduled_ns if i == 0 else now_ns(), turn.content, i)
+                record = requests.new_record(unit, scheduled_ns if i == 0 else now_ns(), turn.content, i)
                 log.turn(record, think_s=think if i > 0 else None)
-                await executor.request(record, executor.payload(self._fields(messages)), lambda _: None)
+                await requests.request(record, requests.payload(self._fields(messages)), lambda _: None)
                 if record.status is not Status.OK:
                     log.end(Outcome.ERROR, t0)
                     return
@@ -160,4 +160,4 @@ class ConversationReplay:
         finally:
             if log.outcome is None:
                 log.end(Outcome.CANCELLED, t0)
-            executor.task_done(log)
+            requests.task_done(log)

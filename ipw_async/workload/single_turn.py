@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from . import Executor, UnitCycle, WorkUnit
+from . import Requests, UnitCycle, WorkUnit
 from .datasets import Dataset
 
 
@@ -23,6 +23,6 @@ class SingleTurn:
     def units(self, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
         return self._cycle.units(count, warmup)
 
-    async def perform(self, unit: WorkUnit, executor: Executor, scheduled_ns: int) -> None:
-        record = executor.new_record(unit, scheduled_ns, unit.query.prompt)
-        await executor.request(record, executor.body(unit.query, self.dataset.stop))
+    async def perform(self, unit: WorkUnit, requests: Requests, scheduled_ns: int) -> None:
+        record = requests.new_record(unit, scheduled_ns, unit.query.prompt)
+        await requests.request(record, requests.body(unit.query, self.dataset.stop))

@@ -1,0 +1,78 @@
+"""Where a run's units run: a dispatch takes each unit the load driver schedules and performs it
+here (:class:`LocalDispatch`), in worker processes (:mod:`.workers`) or on Ray actors
+(:mod:`.ray_pool`), reporting to the run's :class:`~.ledger.Coordinator`."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ..client import StreamingClient
+from ..records import RequestRecord
+from ..workload import TaskLog, WorkUnit
+from .ledger import RunLedger
+from .worker_protocol import WorkerSetup
+
+
+class Dispatch(Protocol):
+    count: int  # units run in parallel places (1: this event loop)
+
+    async def start(self) -> None: ...
+
+    async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
+        """Perform ``unit`` (due at ``scheduled_ns``) and return when it has ended."""
+        ...
+
+    async def close(self) -> None:
+        """Cancel what runs, keep every record that comes back, and end the workers."""
+        ...
+
+    @property
+    def pids(self) -> list[int]:
+        """Processes on this machine whose CPU is the harness's too."""
+        ...
+
+    def report(self) -> dict[str, Any] | None:
+        """Where units ran, for the run's summary."""
+        ...
+
+
+class LocalDispatch:
+    """Units performed in this event loop; their requests go straight to the ledger."""
+
+    count = 1
+
+    def __init__(self, ledger: RunLedger, setup: WorkerSetup, client: StreamingClient) -> None:
+        self.ledger = ledger
+        self.requests = setup.requests(client, self)
+
+    async def start(self) -> None:
+        pass
+
+    async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
+        await self.requests.workload.perform(unit, self.requests, scheduled_ns)
+
+    async def close(self) -> None:
+        pass
+
+    @property
+    def pids(self) -> list[int]:
+        return []
+
+    def report(self) -> None:
+        return None
+
+    # the requests' sink: the ledger, directly
+    def number(self) -> int:
+        return self.ledger.next_id()
+
+    def started(self, record: RequestRecord) -> None:
+        self.ledger.started()
+
+    async def kept(self, record: RequestRecord) -> None:
+        await self.ledger.kept(record)
+
+    def task_started(self) -> None:
+        self.ledger.task_started()
+
+    def task_done(self, log: TaskLog) -> None:
+        self.ledger.task_done(log)

@@ -1,0 +1,133 @@
+"""The run's ledger: request ids, records and task logs kept, the live state, the abort watch.
+
+Where units run (in this loop, in worker processes, on Ray actors) is a dispatch's business
+(:mod:`.dispatch`); whatever runs them reports back through :class:`Coordinator`, which the
+ledger implements, so the ledger knows no pool and a pool knows no more of the run than this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+from typing import Protocol
+
+from ..records import ErrorType, RequestRecord, Status
+from ..rundir.files import JsonLines, RecordWriter
+from ..state import RunState
+from ..workload import TaskLog, Workload, WorkUnit
+
+
+class Coordinator(Protocol):
+    """What the run hears from wherever its units run."""
+
+    def next_id(self) -> int:
+        """The run-wide id of a request about to start."""
+        ...
+
+    def started(self) -> None:
+        """A request was sent."""
+        ...
+
+    async def kept(self, record: RequestRecord) -> None:
+        """A request ended (its record is final)."""
+        ...
+
+    def task_started(self) -> None: ...
+
+    def task_done(self, log: TaskLog) -> None: ...
+
+    def stop(self, reason: str) -> None:
+        """End the run early for ``reason``."""
+        ...
+
+
+class RunLedger:
+    """Keeps every record (the writer streams them to disk as they finish) and every task log,
+    and stops the run when the server refuses ``abort_after`` connections in a row: a server
+    that is gone would otherwise fail every request that remains."""
+
+    def __init__(
+        self,
+        writer: RecordWriter,
+        tasks: JsonLines,
+        state: RunState,
+        *,
+        server: str,
+        abort_after: int,
+        first_request_id: int = 0,
+        done_units: frozenset[int] = frozenset(),
+    ) -> None:
+        self.writer = writer
+        self.tasks = tasks
+        self.state = state
+        self.server = server
+        self.abort_after = abort_after
+        self.abort_reason: str | None = None
+        self.aborted = asyncio.Event()
+        self.done_units = done_units  # finished in an earlier session: not run again
+        self.first_request_id = first_request_id
+        self._ids = itertools.count(first_request_id)
+        self._sent = 0
+        self._connect_errors = 0
+
+    def units(self, workload: Workload, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
+        """The workload's next units (less those an earlier session finished), until the run is
+        aborted."""
+        for unit in workload.units(count, warmup):
+            if self.aborted.is_set():
+                return
+            if unit.unit_id not in self.done_units:
+                yield unit
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    @property
+    def dispatched(self) -> int:
+        """Requests sent in the whole run, earlier sessions included."""
+        return self.first_request_id + self._sent
+
+    def started(self) -> None:
+        self._sent += 1
+        self.state.started()
+
+    async def kept(self, record: RequestRecord) -> None:
+        self.state.finished(record)
+        self._watch(record)
+        if self.writer.add(record):
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Records to disk; a disk that refuses them stops the run (what is on disk is kept)."""
+        try:
+            await self.writer.flush()
+        except OSError as exc:
+            self.stop(f"cannot write {self.writer.path}: {exc.strerror or exc}")
+
+    def task_started(self) -> None:
+        self.state.task_started()
+
+    def task_done(self, log: TaskLog) -> None:
+        try:
+            self.tasks.append(log.as_dict())
+        except OSError as exc:
+            self.stop(f"cannot write {self.tasks.path}: {exc.strerror or exc}")
+        self.state.task_finished(log)
+
+    def stop(self, reason: str) -> None:
+        """No new unit starts, and the run says why (the first reason given is kept)."""
+        if not self.aborted.is_set():
+            self.abort_reason = reason
+            self.aborted.set()
+
+    def _watch(self, record: RequestRecord) -> None:
+        if record.error_type is ErrorType.CONNECT:
+            self._connect_errors += 1
+            if self._connect_errors >= self.abort_after:
+                self.stop(
+                    f"the server at {self.server} stopped accepting connections "
+                    f"({self._connect_errors} in a row)"
+                )
+        elif record.status is Status.OK:
+            self._connect_errors = 0
