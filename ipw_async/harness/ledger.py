@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from ..records import ErrorType, RequestRecord, Status
-from ..rundir.files import JsonLines, RecordWriter
+from ..rundir.writer import RunWriter
 from ..state import RunState
 from ..workload import TaskLog, Workload, WorkUnit
 
@@ -42,6 +42,19 @@ class Coordinator(Protocol):
         ...
 
 
+class Abort:
+    """The run's early end: the first reason given, and an event the run waits on."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.event = asyncio.Event()
+
+    def stop(self, reason: str) -> None:
+        if not self.event.is_set():
+            self.reason = reason
+            self.event.set()
+
+
 class RunLedger:
     """Keeps every record (the writer streams them to disk as they finish) and every task log,
     and stops the run when the server refuses ``abort_after`` connections in a row: a server
@@ -49,9 +62,9 @@ class RunLedger:
 
     def __init__(
         self,
-        writer: RecordWriter,
-        tasks: JsonLines,
+        writer: RunWriter,
         state: RunState,
+        abort: Abort,
         *,
         server: str,
         abort_after: int,
@@ -59,12 +72,10 @@ class RunLedger:
         done_units: frozenset[int] = frozenset(),
     ) -> None:
         self.writer = writer
-        self.tasks = tasks
         self.state = state
+        self.abort = abort
         self.server = server
         self.abort_after = abort_after
-        self.abort_reason: str | None = None
-        self.aborted = asyncio.Event()
         self.done_units = done_units  # finished in an earlier session: not run again
         self.first_request_id = first_request_id
         self._ids = itertools.count(first_request_id)
@@ -75,7 +86,7 @@ class RunLedger:
         """The workload's next units (less those an earlier session finished), until the run is
         aborted."""
         for unit in workload.units(count, warmup):
-            if self.aborted.is_set():
+            if self.abort.event.is_set():
                 return
             if unit.unit_id not in self.done_units:
                 yield unit
@@ -96,30 +107,18 @@ class RunLedger:
         self.state.finished(record)
         self._watch(record)
         if self.writer.add(record):
-            await self.flush()
-
-    async def flush(self) -> None:
-        """Records to disk; a disk that refuses them stops the run (what is on disk is kept)."""
-        try:
-            await self.writer.flush()
-        except OSError as exc:
-            self.stop(f"cannot write {self.writer.path}: {exc.strerror or exc}")
+            await self.writer.flush_records()
 
     def task_started(self) -> None:
         self.state.task_started()
 
     def task_done(self, log: TaskLog) -> None:
-        try:
-            self.tasks.append(log.as_dict())
-        except OSError as exc:
-            self.stop(f"cannot write {self.tasks.path}: {exc.strerror or exc}")
+        self.writer.add_task(log.as_dict())
         self.state.task_finished(log)
 
     def stop(self, reason: str) -> None:
         """No new unit starts, and the run says why (the first reason given is kept)."""
-        if not self.aborted.is_set():
-            self.abort_reason = reason
-            self.aborted.set()
+        self.abort.stop(reason)
 
     def _watch(self, record: RequestRecord) -> None:
         if record.error_type is ErrorType.CONNECT:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,19 +21,18 @@ from urllib.parse import urlsplit
 
 import anyio
 import numpy as np
-import polars as pl
 
 from .._clock import NS, ClockAnchor, now_ns
 from ..client import ClientConfig, StreamingClient, list_models
 from ..errors import RunAborted, RunError
 from ..load import LoadSpec, drive
 from ..results import RunResult, finalize
-from ..rundir import files
 from ..rundir.manifest import Manifest, RunDirError, default_run_dir, prepare
+from ..rundir.writer import RunWriter
 from ..sim import SimConfig, SimulatorProcess
 from ..state import MeterState, Phase, RunState
 from ..stats import distribution
-from ..telemetry import Sampler, TelemetryLog, TelemetrySetup, open_sources
+from ..telemetry import Sampler, TelemetrySetup, open_sources
 from ..workload import DatasetError, Workload, resolve
 from ..workload.agentic import Agentic
 from ..workload.conversations import ConversationReplay, builtin_conversations, load_conversations
@@ -41,14 +41,12 @@ from ..workload.tools import Toolbox, ToolLatency
 from .config import RunConfig
 from .dispatch import Dispatch, LocalDispatch
 from .health import HarnessCpu, LoopLag, gc_frozen
-from .ledger import RunLedger
+from .ledger import Abort, RunLedger
 from .limits import ensure_open_files
 from .ray_pool import RayPool
 from .resume import Resume, resume_from
 from .worker_protocol import WorkerSetup
 from .workers import WorkerPool, auto_workers
-
-FLUSH_S = 0.5  # records and telemetry reach the disk at least this often: what a kill -9 can lose
 
 
 class Display(Protocol):
@@ -117,16 +115,16 @@ async def run_benchmark(
     try:
         result = await anyio.to_thread.run_sync(finalize, session.run_dir)
     except (OSError, RunDirError) as exc:
-        if session.abort_reason is None:
+        if session.abort.reason is None:
             raise
-        raise RunAborted(f"{session.abort_reason}; the run could not be finished ({exc})") from None
+        raise RunAborted(f"{session.abort.reason}; the run could not be finished ({exc})") from None
     if display is not None:
         display.finish(result)
     if session.interrupted is not None:
         raise session.interrupted
-    if session.abort_reason:
+    if session.abort.reason:
         count = result.records.height
-        raise RunAborted(f"{session.abort_reason}; {count} records kept in {session.run_dir}")
+        raise RunAborted(f"{session.abort.reason}; {count} records kept in {session.run_dir}")
     return result
 
 
@@ -165,29 +163,6 @@ class _Tasks:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-class _TelemetryFile:
-    """``telemetry.arrow``, appended from the sampler's log as the run goes (after an earlier
-    session's rows, when the run is resumed)."""
-
-    def __init__(self, path: Path, log: TelemetryLog, earlier: pl.DataFrame | None = None) -> None:
-        self.log = log
-        self.written = 0  # rows of this session's log on disk
-        schema = files.to_arrow(pl.DataFrame(schema=log.schema)).schema
-        kept = None
-        if earlier is not None and earlier.height:
-            if earlier.columns != list(log.schema):
-                raise RunError(
-                    f"cannot resume: the telemetry sources differ from the run's ({', '.join(earlier.columns)})"
-                )
-            kept = files.to_arrow(earlier).cast(schema)
-        self.stream = files.StreamWriter(path, schema, kept)
-
-    def flush(self) -> None:
-        frame = self.log.frame(self.written)
-        self.stream.write(files.to_arrow(frame))
-        self.written += frame.height
-
-
 def _is_local(base_url: str) -> bool:
     host = urlsplit(base_url).hostname or ""
     return host in ("localhost", "::1") or host.startswith("127.") or host == socket.gethostname()
@@ -211,7 +186,7 @@ class _Session:
         self.resume = resume
         self.run_dir: Path | None = None
         self.interrupted: BaseException | None = None
-        self.abort_reason: str | None = None
+        self.abort = Abort()  # the first reason the run stopped early for
         self.complete = False
         self.lag = LoopLag()
         self.cpu = HarnessCpu()
@@ -263,62 +238,40 @@ class _Session:
             manifest = self._manifest(anchor, model, base_url, telemetry, sampler)
             if resume is not None:
                 _continue(manifest, resume, now_ns() - anchor.monotonic_ns)
-            manifest.write(run_dir)
-            writer = files.RecordWriter(run_dir / files.RECORDS, initial=resume and resume.records)
-            task_log = files.JsonLines(run_dir / files.TASKS)
-            tel_file = (
-                _TelemetryFile(run_dir / files.TELEMETRY, sampler.log, resume and resume.telemetry)
-                if telemetry.opened
-                else None
+            stack.callback(setattr, state, "phase", Phase.DONE)
+            writer = RunWriter(
+                run_dir,
+                manifest,
+                self.abort.stop,
+                telemetry=sampler.log if telemetry.opened else None,
+                earlier_records=resume and resume.records,
+                earlier_telemetry=resume and resume.telemetry,
             )
             ledger = RunLedger(
                 writer,
-                task_log,
                 state,
+                self.abort,
                 server=config.base_url or "the simulator",
                 abort_after=config.abort_after_connect_errors,
                 first_request_id=0 if resume is None else resume.next_request_id,
                 done_units=frozenset() if resume is None else resume.done_units,
             )
+            writer.follow(functools.partial(_progress, sampler, ledger))
+            writer.end(lambda: self._end(sampler))
+            await stack.enter_async_context(writer)
+            # on the way out, after the workers and tasks stopped: the sampler's last reading
+            stack.push_async_callback(_last_reading, sampler)
             state.phase = Phase.STARTING
-
-            async def close_files() -> None:
-                # after the background tasks stopped: the sampler's last reading comes first
-                with contextlib.suppress(Exception):
-                    await sampler.sample_once()
-                try:  # each file is closed even when the disk refuses what is left
-                    if tel_file is not None:
-                        with _refused(ledger, tel_file.stream.path):
-                            await files.write_in_thread(tel_file.flush)
-                        with _refused(ledger, tel_file.stream.path):
-                            tel_file.stream.close()
-                    with _refused(ledger, writer.path):
-                        await writer.close()
-                finally:
-                    task_log.close()
-                manifest.meters, manifest.counter_events = sampler.meters, sampler.counter_events()
-                manifest.clocks = sampler.clocks()
-                manifest.dispatched = ledger.dispatched
-                self.abort_reason = ledger.abort_reason
-                manifest.end = self._end(sampler)
-                with _refused(ledger, run_dir / files.RUN):
-                    manifest.write(run_dir)
-                state.phase = Phase.DONE
-
-            stack.push_async_callback(close_files)
             dispatch = await self._dispatch(stack, ledger, client, model, anchor.monotonic_ns, base_url)
             tasks = _Tasks()
             stack.push_async_callback(tasks.cancel_all)
             tasks.start(sampler.run())
             tasks.start(self.lag.watch())
             tasks.start(_mirror(state, sampler, self.lag))
-            tasks.start(_flush_every(FLUSH_S, tel_file, sampler, manifest, ledger, run_dir))
             if self.display is not None:
                 tasks.start(self.display.run(state))
             try:
-                await self._phases(
-                    state, ledger, dispatch, manifest, run_dir, tasks, has_telemetry=bool(telemetry.opened)
-                )
+                await self._phases(state, ledger, dispatch, writer, tasks, has_telemetry=bool(telemetry.opened))
             except (asyncio.CancelledError, KeyboardInterrupt) as exc:
                 self.interrupted = exc
 
@@ -363,8 +316,7 @@ class _Session:
         state: RunState,
         ledger: RunLedger,
         dispatch: Dispatch,
-        manifest: Manifest,
-        run_dir: Path,
+        writer: RunWriter,
         tasks: _Tasks,
         has_telemetry: bool,
     ) -> None:
@@ -374,10 +326,10 @@ class _Session:
             list(self.workload.units(config.warmup, True))  # their unit ids stay theirs
         elif config.baseline_s > 0 and has_telemetry and config.baseline_w is None:
             state.phase = Phase.BASELINE
-            start = now_ns() - manifest.anchor.monotonic_ns
+            t0 = writer.manifest.anchor.monotonic_ns
+            start = now_ns() - t0
             await asyncio.sleep(config.baseline_s)
-            manifest.baseline_window_ns = (start, now_ns() - manifest.anchor.monotonic_ns)
-            manifest.write(run_dir)
+            writer.update(baseline_window_ns=(start, now_ns() - t0))
         if config.warmup and self.resume is None:
             state.phase = Phase.WARMUP
             await drive(spec, ledger.units(self.workload, config.warmup, True), dispatch.execute, rng)
@@ -387,9 +339,9 @@ class _Session:
         with gc_frozen(), self.cpu.measuring():
             units = ledger.units(self.workload, self._planned(), False)
             load = tasks.start(drive(spec, units, dispatch.execute, rng, deadline))
-            aborted = tasks.start(ledger.aborted.wait())
+            aborted = tasks.start(self.abort.event.wait())
             await asyncio.wait({load, aborted}, return_when=asyncio.FIRST_COMPLETED)
-            if ledger.aborted.is_set():
+            if self.abort.event.is_set():
                 load.cancel()
                 await asyncio.gather(load, return_exceptions=True)
             else:
@@ -421,7 +373,7 @@ class _Session:
         return {
             "complete": self.complete and self.interrupted is None,
             "interrupted": self.interrupted is not None,
-            "aborted": self.abort_reason,
+            "aborted": self.abort.reason,
             "sampler": asdict(sampler.quality()),
             "harness": {
                 "loop_lag_ms": distribution(self.lag.lags_ms),
@@ -552,45 +504,19 @@ def _continue(manifest: Manifest, resume: Resume, started_ns: int) -> None:
     ]
 
 
-@contextlib.contextmanager
-def _refused(ledger: RunLedger, path: Path) -> Iterator[None]:
-    """A write the disk refuses (full, removed) ends the run with the reason, not a traceback."""
-    try:
-        yield
-    except OSError as exc:
-        ledger.stop(f"cannot write {path}: {exc.strerror or exc}")
+def _progress(sampler: Sampler, ledger: RunLedger) -> dict[str, Any]:
+    """What run.json says as the run goes: grids learned, counter resets, requests sent."""
+    return {
+        "meters": sampler.meters,
+        "counter_events": sampler.counter_events(),
+        "clocks": sampler.clocks(),
+        "dispatched": ledger.dispatched,
+    }
 
 
-async def _flush_every(
-    period_s: float,
-    tel_file: _TelemetryFile | None,
-    sampler: Sampler,
-    manifest: Manifest,
-    ledger: RunLedger,
-    run_dir: Path,
-) -> None:
-    """Records and telemetry to disk, and run.json kept current (grids learned, counter
-    resets, requests dispatched)."""
-    while not ledger.aborted.is_set():
-        await asyncio.sleep(period_s)
-        if not run_dir.is_dir():  # writes to its open files would vanish with it
-            ledger.stop(f"the run directory {run_dir} was removed while the run was writing to it")
-            return
-        await ledger.flush()
-        if tel_file is not None:
-            with _refused(ledger, tel_file.stream.path):
-                await files.write_in_thread(tel_file.flush)
-        meters, events, dispatched = sampler.meters, sampler.counter_events(), ledger.dispatched
-        if (
-            meters != manifest.meters
-            or events != manifest.counter_events
-            or dispatched != manifest.dispatched
-        ):
-            manifest.meters, manifest.counter_events, manifest.dispatched = meters, events, dispatched
-            manifest.clocks = sampler.clocks()
-            # built on the loop, written off it: twice a second, the loop should not wait on disk
-            with _refused(ledger, run_dir / files.RUN):
-                await anyio.to_thread.run_sync(files.write_json, run_dir / files.RUN, manifest.as_dict())
+async def _last_reading(sampler: Sampler) -> None:
+    with contextlib.suppress(Exception):  # a source that fails now has said so before
+        await sampler.sample_once()
 
 
 async def _mirror(state: RunState, sampler: Sampler, lag: LoopLag) -> None:

@@ -162,7 +162,11 @@ async def write_in_thread(write: Callable[..., None], *args: Any) -> None:
     try:
         await asyncio.shield(done)
     except asyncio.CancelledError:
-        await done
+        # the cancel wins over the write's own error: swallowing it would leave a task that
+        # was told to end running on (the next write to the file meets that error again)
+        await asyncio.wait({done})
+        if not done.cancelled():
+            done.exception()  # retrieved, so asyncio does not report it as lost
         raise
 
 
