@@ -18,6 +18,8 @@ class Option:
     parse: Callable[[Any], Any] | None = None  # the command line's value to the field's
     envvar: str | None = None
     show_default: bool = True
+    panel: str | None = None  # the group it is listed in by --help
+    choices: tuple[str, ...] = ()  # the values it takes (validated, listed, completed by the shell)
 
 
 def option(
@@ -27,9 +29,11 @@ def option(
     parse: Callable[[Any], Any] | None = None,
     envvar: str | None = None,
     show_default: bool = True,
+    panel: str | None = None,
+    choices: tuple[str, ...] = (),
 ) -> dict[str, Option]:
     """Field metadata: ``field(default=..., metadata=option("What it does.", "--flag", "-f"))``."""
-    return {"option": Option(help, flags, cli_type, parse, envvar, show_default)}
+    return {"option": Option(help, flags, cli_type, parse, envvar, show_default, panel, choices)}
 
 
 def options_of(cls: type) -> list[tuple[dataclasses.Field[Any], Option]]:

@@ -31,12 +31,26 @@ def test_run_help_explains_every_option() -> None:
         row = [line for line in lines if re.match(rf"│\s+{re.escape(flag)}(?![\w-])", line)]
         assert row, flag
         assert " ".join(opt.help.split()[:3]) in " ".join(row[0].split()), f.name
+        # listed in its own panel, and its choices listed where it takes a few
+        panel = [i for i, line in enumerate(lines) if re.match(r"╭─ (\w+) ─", line)]
+        at = lines.index(row[0])
+        header = lines[max(i for i in panel if i < at)]
+        assert header.startswith(f"╭─ {opt.panel} ─"), (f.name, header)
+        if opt.choices:
+            assert f"<{'|'.join(opt.choices)}>" in row[0], f.name
+    assert {opt.panel for _, opt in options} == {"Target", "Workload", "Load", "Telemetry", "Energy", "Output"}
     for flag in ("--no-dashboard", "--quiet"):
         assert flag in result.output
     assert "simulator" in result.output
     # a field is left off the command line on purpose, never by accident
     flagless = {f.name for f in dataclasses.fields(RunConfig)} - {f.name for f, _ in options}
     assert flagless == {"runs_root", "dataset_seed", "tail_s", "abort_after_connect_errors", "sim"}
+
+
+def test_a_value_outside_an_options_choices_is_refused_with_the_choices() -> None:
+    result = runner.invoke(app, ["run", "--workload", "agentc"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert result.exit_code == 2
+    assert "'agentc' is not one of 'single', 'agentic', 'conversation'" in result.output
 
 
 def test_sim_help() -> None:

@@ -5,6 +5,7 @@ run options through here."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import inspect
 import typing
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import typer
 
 from .._options import options_of
 from ..harness import RunConfig
+from ..harness.config import OUTPUT
 from ._common import fail
 
 DISPLAY_PARAMETERS = [
@@ -22,14 +24,19 @@ DISPLAY_PARAMETERS = [
         inspect.Parameter.KEYWORD_ONLY,
         default=False,
         annotation=Annotated[
-            bool, typer.Option("--no-dashboard", help="Plain progress lines instead of the live dashboard.")
+            bool,
+            typer.Option(
+                "--no-dashboard", help="Plain progress lines instead of the live dashboard.", rich_help_panel=OUTPUT
+            ),
         ],
     ),
     inspect.Parameter(
         "quiet",
         inspect.Parameter.KEYWORD_ONLY,
         default=False,
-        annotation=Annotated[bool, typer.Option("--quiet", "-q", help="No progress output; only errors.")],
+        annotation=Annotated[
+            bool, typer.Option("--quiet", "-q", help="No progress output; only errors.", rich_help_panel=OUTPUT)
+        ],
     ),
 ]
 
@@ -40,8 +47,17 @@ def parameters(cls: type) -> list[inspect.Parameter]:
     params = []
     for f, opt in options_of(cls):
         kind = opt.cli_type if opt.cli_type is not None else hints[f.name]
-        info = typer.Option(*opt.flags, help=opt.help, envvar=opt.envvar, show_default=opt.show_default)
         default = None if f.default is dataclasses.MISSING else f.default
+        if opt.choices:  # an Enum is what typer validates, lists in --help and completes
+            kind = enum.Enum(f.name, {c: c for c in opt.choices}, type=str)  # type: ignore[misc]
+            kind = kind | None if default is None else kind
+        info = typer.Option(
+            *opt.flags,
+            help=opt.help,
+            envvar=opt.envvar,
+            show_default=opt.show_default,
+            rich_help_panel=opt.panel,
+        )
         params.append(
             inspect.Parameter(
                 f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, info]
@@ -56,6 +72,8 @@ def values_for(cls: type, options: dict[str, Any]) -> dict[str, Any]:
     values = {}
     for f, opt in options_of(cls):
         value = options[f.name]
+        if isinstance(value, enum.Enum):
+            value = value.value
         if opt.parse is not None:
             try:
                 value = opt.parse(value)

@@ -16,12 +16,13 @@ from typing import Any
 from .._options import option
 from ..energy import RULES
 from ..errors import RunError
-from ..load import LoadSpec
+from ..load import ARRIVALS, LoadSpec
 from ..scoring import SCORERS
 from ..sim import SimConfig
 from ..traces import parse_price
 from ..workload.agentic import PROTOCOLS
 from ..workload.tools import ToolLatency
+from .workloads import WORKLOADS
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
@@ -38,7 +39,9 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-WORKLOADS = ("single", "agentic", "conversation")
+# --help's panels
+TARGET, WORKLOAD, LOAD, TELEMETRY, ENERGY, OUTPUT = "Target", "Workload", "Load", "Telemetry", "Energy", "Output"
+ENDPOINTS = ("chat", "completions")
 
 
 def _gpu_list(text: str | None) -> list[str] | None:
@@ -52,14 +55,19 @@ class RunConfig:
     base_url: str | None = field(
         default=None,
         metadata=option(
-            "OpenAI-compatible API base, e.g. http://localhost:8000/v1. Omit to start the built-in simulator."
+            "OpenAI-compatible API base, e.g. http://localhost:8000/v1. Omit to start the built-in simulator.",
+            panel=TARGET,
         ),
     )
     model: str | None = field(
-        default=None, metadata=option("Model name to request; default: the server's first model.")
+        default=None,
+        metadata=option("Model name to request; default: the server's first model.", panel=TARGET),
     )
     endpoint: str = field(
-        default="chat", metadata=option("chat (/chat/completions) or completions (/completions).")
+        default="chat",
+        metadata=option(
+            "chat (/chat/completions) or completions (/completions).", panel=TARGET, choices=ENDPOINTS
+        ),
     )
     api_key: str | None = field(
         default=None,
@@ -69,12 +77,14 @@ class RunConfig:
             envvar="OPENAI_API_KEY",
             parse=lambda key: key or None,
             show_default=False,
+            panel=TARGET,
         ),
     )
     dataset: str = field(
         default="qa",
         metadata=option(
-            "qa (built-in questions with answers), synthetic (controlled lengths), or a .jsonl/.csv/.parquet/.arrow file."
+            "qa (built-in questions with answers), synthetic (controlled lengths), or a .jsonl/.csv/.parquet/.arrow file.",
+            panel=WORKLOAD,
         ),
     )
     workload: str = field(
@@ -82,64 +92,77 @@ class RunConfig:
         metadata=option(
             "single (one request per query), agentic (tool-using tasks over many turns; "
             "--concurrency and --rate count tasks) or conversation (multi-turn chats replayed "
-            "from --dataset FILE.jsonl, or built from the QA set)."
+            "from --dataset FILE.jsonl, or built from the QA set).",
+            panel=WORKLOAD,
+            choices=tuple(WORKLOADS),
         ),
     )
     agent_protocol: str = field(
         default="auto",
         metadata=option(
             "agentic: tools (OpenAI tool calling), react (text Action:/Observation:, for base "
-            "models) or auto (tools on chat, react on completions)."
+            "models) or auto (tools on chat, react on completions).",
+            panel=WORKLOAD,
+            choices=PROTOCOLS,
         ),
     )
     max_turns: int = field(
-        default=10, metadata=option("agentic: LLM calls a task may make before it gives up.")
+        default=10, metadata=option("agentic: LLM calls a task may make before it gives up.", panel=WORKLOAD)
     )
     task_timeout: float | None = field(
-        default=None, metadata=option("agentic: seconds after which a task starts no new turn.")
+        default=None,
+        metadata=option("agentic: seconds after which a task starts no new turn.", panel=WORKLOAD),
     )
     tool_latency: str = field(
         default="0",
         metadata=option(
             "agentic: extra wait per tool call, to emulate remote tools: seconds (0.2), "
-            "exp:MEAN or lognormal:MEDIAN,SIGMA."
+            "exp:MEAN or lognormal:MEDIAN,SIGMA.",
+            panel=WORKLOAD,
         ),
     )
-    price: str | None = field(
-        default=None,
-        metadata=option("USD per million input/output tokens, e.g. 0.15/0.60: adds cost to traces."),
-    )
     prompt_column: str = field(
-        default="prompt", metadata=option("Column holding the prompt in a dataset file.")
+        default="prompt", metadata=option("Column holding the prompt in a dataset file.", panel=WORKLOAD)
     )
     answer_column: str = field(
-        default="answer", metadata=option("Column holding the reference answer (optional).")
+        default="answer", metadata=option("Column holding the reference answer (optional).", panel=WORKLOAD)
     )
     scorer: str | None = field(
-        default=None, metadata=option("exact, contains, numeric or choice; default: the dataset's.")
+        default=None,
+        metadata=option(
+            "exact, contains, numeric or choice; default: the dataset's.",
+            panel=WORKLOAD,
+            choices=tuple(SCORERS),
+        ),
     )
-    prompt_tokens: int = field(default=256, metadata=option("synthetic: median prompt length in tokens."))
-    output_tokens: int = field(default=128, metadata=option("synthetic: median output length in tokens."))
+    prompt_tokens: int = field(
+        default=256, metadata=option("synthetic: median prompt length in tokens.", panel=WORKLOAD)
+    )
+    output_tokens: int = field(
+        default=128, metadata=option("synthetic: median output length in tokens.", panel=WORKLOAD)
+    )
     length_sigma: float = field(
-        default=0.5, metadata=option("synthetic: lognormal sigma of both lengths (0 = fixed).")
+        default=0.5,
+        metadata=option("synthetic: lognormal sigma of both lengths (0 = fixed).", panel=WORKLOAD),
     )
     concurrency: int | None = field(
         default=None,
         metadata=option(
-            "Closed loop: keep exactly N requests in flight (default 16).", "--concurrency", "-c"
+            "Closed loop: keep exactly N requests in flight (default 16).", "--concurrency", "-c", panel=LOAD
         ),
     )
     rate: float | None = field(
-        default=None, metadata=option("Open loop: send R requests per second instead.")
+        default=None, metadata=option("Open loop: send R requests per second instead.", panel=LOAD)
     )
     arrival: str = field(
-        default="poisson", metadata=option("Open-loop arrivals: poisson, gamma or constant.")
+        default="poisson",
+        metadata=option("Open-loop arrivals: poisson, gamma or constant.", panel=LOAD, choices=ARRIVALS),
     )
     burstiness: float = field(
-        default=1.0, metadata=option("Gamma shape: <1 burstier than Poisson, >1 more regular.")
+        default=1.0, metadata=option("Gamma shape: <1 burstier than Poisson, >1 more regular.", panel=LOAD)
     )
     max_concurrency: int | None = field(
-        default=None, metadata=option("Open loop: cap on requests in flight.")
+        default=None, metadata=option("Open loop: cap on requests in flight.", panel=LOAD)
     )
     workers: str = field(
         default="1",
@@ -147,6 +170,7 @@ class RunConfig:
             "Processes that stream the load: 1 (this one), a number, or auto (by the cores and the "
             "concurrency). This one still schedules, samples and writes; use more than one when the "
             "client's CPU limits the run (its loop lag shows it).",
+            panel=LOAD,
         ),
     )
     ray: str | None = field(
@@ -156,22 +180,29 @@ class RunConfig:
             "`ray start` made here), spread over its nodes; auto workers: one per node. Needs "
             "ipw-async with its ray extra on every node.",
             show_default=False,
+            panel=LOAD,
         ),
     )
     warmup: int = field(
-        default=0, metadata=option("Requests to run first, flagged and left out of statistics.")
+        default=0, metadata=option("Requests to run first, flagged and left out of statistics.", panel=LOAD)
     )
     max_queries: int | None = field(
         default=None,
-        metadata=option("Requests to measure (default: one pass over the dataset).", "--max-queries", "-n"),
+        metadata=option(
+            "Requests to measure (default: one pass over the dataset).", "--max-queries", "-n", panel=LOAD
+        ),
     )
-    duration: float | None = field(default=None, metadata=option("Stop sending after this many seconds."))
-    seed: int = field(default=0, metadata=option("Seed for arrivals, synthetic data and the simulator."))
+    duration: float | None = field(
+        default=None, metadata=option("Stop sending after this many seconds.", panel=LOAD)
+    )
+    seed: int = field(
+        default=0, metadata=option("Seed for arrivals, synthetic data and the simulator.", panel=LOAD)
+    )
     dataset_seed: int | None = None  # synthetic lengths; default: seed (a sweep holds it fixed)
     max_tokens: int = field(
-        default=256, metadata=option("max_tokens for each request (synthetic sets its own).")
+        default=256, metadata=option("max_tokens for each request (synthetic sets its own).", panel=TARGET)
     )
-    temperature: float | None = field(default=0.0, metadata=option("Sampling temperature."))
+    temperature: float | None = field(default=0.0, metadata=option("Sampling temperature.", panel=TARGET))
     params: dict[str, Any] = field(
         default_factory=dict,
         metadata=option(
@@ -179,33 +210,18 @@ class RunConfig:
             "--param",
             cli_type=list[str] | None,
             parse=parse_params,
+            panel=TARGET,
         ),
     )
-    connect_timeout: float = field(default=10.0, metadata=option("Seconds to wait for a connection."))
+    connect_timeout: float = field(
+        default=10.0, metadata=option("Seconds to wait for a connection.", panel=TARGET)
+    )
     read_timeout: float = field(
-        default=300.0, metadata=option("Seconds to wait between bytes of a response.")
-    )
-    output_dir: Path | None = field(
-        default=None,
-        metadata=option(
-            "Run directory (default ./runs/<UTC time>_<model>_<dataset>_<load>).", "--output-dir", "-o"
-        ),
-    )
-    runs_root: Path = Path("runs")
-    resume: Path | None = field(
-        default=None,
-        metadata=option(
-            "Continue the run in this directory that was killed or stopped: its finished queries "
-            "are kept, the rest run with its own settings (other options but --api-key are ignored).",
-            show_default=False,
-        ),
-    )
-    overwrite: bool = field(
-        default=False,
-        metadata=option("Replace an existing run directory's files (its analyses and plots too)."),
+        default=300.0, metadata=option("Seconds to wait between bytes of a response.", panel=TARGET)
     )
     telemetry: str = field(
-        default="auto", metadata=option("auto, none, or a list from nvml,rapl,psutil,cpu-model,sim.")
+        default="auto",
+        metadata=option("auto, none, or a list from nvml,rapl,psutil,cpu-model,sim.", panel=TELEMETRY),
     )
     telemetry_url: list[str] = field(
         default_factory=list,
@@ -214,6 +230,7 @@ class RunConfig:
             "Its GPUs become the run's energy meters, its clock aligned to this one's.",
             cli_type=list[str] | None,
             parse=lambda urls: list(urls or []),
+            panel=TELEMETRY,
         ),
     )
     prometheus_url: list[str] = field(
@@ -224,6 +241,7 @@ class RunConfig:
             "(vLLM, llama.cpp, SGLang: running and waiting requests, tokens).",
             cli_type=list[str] | None,
             parse=lambda urls: list(urls or []),
+            panel=TELEMETRY,
         ),
     )
     gpus: list[str] | None = field(
@@ -232,42 +250,83 @@ class RunConfig:
             "GPUs to measure by index or UUID, comma-separated (default all).",
             cli_type=str | None,
             parse=_gpu_list,
+            panel=TELEMETRY,
         ),
     )
-    sample_ms: float = field(default=50.0, metadata=option("Telemetry sampling period in milliseconds."))
+    sample_ms: float = field(
+        default=50.0, metadata=option("Telemetry sampling period in milliseconds.", panel=TELEMETRY)
+    )
     realtime_sampler: bool = field(
         default=True,
         metadata=option(
             "Ask the OS to run the sampler thread at real-time priority (needs root or "
-            "CAP_SYS_NICE; refused quietly otherwise, and the summary says which it got)."
+            "CAP_SYS_NICE; refused quietly otherwise, and the summary says which it got).",
+            panel=TELEMETRY,
         ),
     )
     counter_probe_s: float = field(
         default=1.0,
         metadata=option(
             "Seconds of 2 ms reads, at the start and every 20 s, to learn when each energy "
-            "counter updates so its reads are timed exactly (0: time them to the midpoint between reads)."
+            "counter updates so its reads are timed exactly (0: time them to the midpoint between reads).",
+            panel=TELEMETRY,
         ),
     )
     baseline_s: float = field(
-        default=1.0, metadata=option("Seconds of idle power to measure before the run (0: none).")
+        default=1.0,
+        metadata=option("Seconds of idle power to measure before the run (0: none).", panel=ENERGY),
     )
     baseline_w: float | None = field(
-        default=None, metadata=option("Idle accelerator power in watts, instead of measuring it.")
+        default=None,
+        metadata=option("Idle accelerator power in watts, instead of measuring it.", panel=ENERGY),
     )
     attribution: str = field(
         default="fitted",
         metadata=option(
             "How overlapping queries share energy: fitted (by a power model fitted to the run over "
             "the engine steps inferred from token arrivals), tokens (by token work, linearly), "
-            "equal, or window (whole-window, over-counts)."
+            "equal, or window (whole-window, over-counts).",
+            panel=ENERGY,
+            choices=tuple(RULES),
         ),
     )
     prefill_weight: float = field(
         default=0.25,
         metadata=option(
             "Work of a prompt token relative to an output token: the tokens rule's, and the fitted "
-            "rule's where the run cannot identify it."
+            "rule's where the run cannot identify it.",
+            panel=ENERGY,
+        ),
+    )
+    output_dir: Path | None = field(
+        default=None,
+        metadata=option(
+            "Run directory (default ./runs/<UTC time>_<model>_<dataset>_<load>).",
+            "--output-dir",
+            "-o",
+            panel=OUTPUT,
+        ),
+    )
+    runs_root: Path = Path("runs")
+    resume: Path | None = field(
+        default=None,
+        metadata=option(
+            "Continue the run in this directory that was killed or stopped: its finished queries "
+            "are kept, the rest run with its own settings (other options but --api-key are ignored).",
+            show_default=False,
+            panel=OUTPUT,
+        ),
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata=option(
+            "Replace an existing run directory's files (its analyses and plots too).", panel=OUTPUT
+        ),
+    )
+    price: str | None = field(
+        default=None,
+        metadata=option(
+            "USD per million input/output tokens, e.g. 0.15/0.60: adds cost to traces.", panel=OUTPUT
         ),
     )
     tail_s: float = 0.5  # telemetry kept after the last request, so its energy is covered
@@ -301,7 +360,7 @@ class RunConfig:
         """Check every option that can be checked before anything starts; the load spec."""
         spec = self.load_spec()
         checks = (
-            (self.endpoint in ("chat", "completions"), "--endpoint must be chat or completions"),
+            (self.endpoint in ENDPOINTS, "--endpoint must be chat or completions"),
             (self.max_queries is None or self.max_queries >= 1, "--max-queries must be at least 1"),
             (self.duration is None or self.duration > 0, "--duration must be a positive number of seconds"),
             (self.warmup >= 0, "--warmup cannot be negative"),

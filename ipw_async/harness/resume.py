@@ -108,3 +108,15 @@ def _own_config(saved: dict[str, Any], given: RunConfig, run_dir: Path) -> RunCo
         runs_root=Path(saved.get("runs_root", "runs")),
         resume=run_dir,
     )
+
+
+def continue_manifest(manifest: Manifest, resume: Resume, started_ns: int) -> None:
+    """A resumed session's run.json: the run's identity, clock and baseline, one more session."""
+    earlier = resume.manifest
+    manifest.run_id, manifest.config = earlier.run_id, earlier.config
+    manifest.baseline_window_ns = earlier.baseline_window_ns
+    manifest.dispatched = resume.next_request_id
+    manifest.sessions = [
+        *earlier.sessions,
+        {"session": resume.session, "started_ns": started_ns, "dropped": resume.dropped},
+    ]

@@ -12,41 +12,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import socket
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import anyio
 import numpy as np
 
 from .._clock import NS, ClockAnchor, now_ns
-from ..client import ClientConfig, StreamingClient, list_models
+from ..client import StreamingClient
 from ..errors import RunAborted, RunError
 from ..load import LoadSpec, drive
 from ..results import RunResult, finalize
 from ..rundir.manifest import Manifest, RunDirError, default_run_dir, prepare
 from ..rundir.writer import RunWriter
-from ..sim import SimConfig, SimulatorProcess
 from ..state import MeterState, Phase, RunState
 from ..stats import distribution
-from ..telemetry import Sampler, TelemetrySetup, open_sources
-from ..workload import DatasetError, Workload, resolve
-from ..workload.agentic import Agentic
-from ..workload.conversations import ConversationReplay, builtin_conversations, load_conversations
-from ..workload.single_turn import SingleTurn
-from ..workload.tools import Toolbox, ToolLatency
+from ..telemetry import Sampler, TelemetrySetup
+from ..workload import Workload
 from .config import RunConfig
 from .dispatch import Dispatch, LocalDispatch
 from .health import HarnessCpu, LoopLag, gc_frozen
 from .ledger import Abort, RunLedger
 from .limits import ensure_open_files
 from .ray_pool import RayPool
-from .resume import Resume, resume_from
+from .resume import Resume, continue_manifest, resume_from
+from .setup import client_config, open_telemetry, serving_model, simulator
 from .worker_protocol import WorkerSetup
 from .workers import WorkerPool, auto_workers
+from .workloads import workload_of
 
 
 class Display(Protocol):
@@ -57,42 +52,6 @@ class Display(Protocol):
     def finish(self, result: RunResult) -> None: ...
 
     def note(self, message: str) -> None: ...
-
-
-def workload_of(config: RunConfig) -> Workload:
-    """The workload a config describes: single-turn requests over its dataset, agentic tasks,
-    or replayed conversations."""
-    chat = config.endpoint == "chat"
-    try:
-        if config.workload == "agentic":
-            if config.dataset != "qa":
-                raise RunError("--workload agentic runs the built-in tool tasks; leave --dataset out")
-            toolbox = Toolbox(latency=ToolLatency.parse(config.tool_latency))
-            return Agentic(
-                toolbox,
-                protocol=config.agent_protocol,
-                endpoint=config.endpoint,
-                max_turns=config.max_turns,
-                task_timeout_s=config.task_timeout,
-                seed=config.seed,
-            )
-        if config.workload == "conversation":
-            if config.dataset == "qa":
-                return ConversationReplay(builtin_conversations(), "qa-chat", chat)
-            return ConversationReplay(load_conversations(config.dataset), Path(config.dataset).stem, chat)
-        dataset = resolve(
-            config.dataset,
-            prompt_column=config.prompt_column,
-            answer_column=config.answer_column,
-            synthetic_n=config.max_queries or 512,
-            prompt_tokens=config.prompt_tokens,
-            output_tokens=config.output_tokens,
-            length_sigma=config.length_sigma,
-            seed=config.seed if config.dataset_seed is None else config.dataset_seed,
-        )
-    except DatasetError as exc:
-        raise RunError(str(exc)) from None
-    return SingleTurn(dataset)
 
 
 async def run_benchmark(
@@ -133,19 +92,6 @@ def run(config: RunConfig, display: Display | None = None, workload: Workload | 
     return asyncio.run(run_benchmark(config, display, workload))
 
 
-@contextlib.asynccontextmanager
-async def _simulator(config: SimConfig) -> AsyncIterator[SimulatorProcess]:
-    sim = SimulatorProcess(config)
-    try:
-        await anyio.to_thread.run_sync(sim.start)
-    except Exception as exc:
-        raise RunError(str(exc)) from None
-    try:
-        yield sim
-    finally:
-        await anyio.to_thread.run_sync(sim.stop)
-
-
 class _Tasks:
     """Background tasks of a run, all cancelled (and awaited) when the run unwinds."""
 
@@ -161,11 +107,6 @@ class _Tasks:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
-def _is_local(base_url: str) -> bool:
-    host = urlsplit(base_url).hostname or ""
-    return host in ("localhost", "::1") or host.startswith("127.") or host == socket.gethostname()
 
 
 class _Session:
@@ -200,11 +141,11 @@ class _Session:
         config = self.config
         async with contextlib.AsyncExitStack() as stack:
             sim = (
-                await stack.enter_async_context(_simulator(config.sim_config())) if config.simulated else None
+                await stack.enter_async_context(simulator(config.sim_config())) if config.simulated else None
             )
             base_url = sim.base_url if sim else str(config.base_url)
             try:
-                model = await _preflight(config, base_url)
+                model = await serving_model(config, base_url)
             except Exception as exc:
                 raise RunError(str(exc)) from None
             label = self.spec.label if sim is None else f"sim_{self.spec.label}"
@@ -222,10 +163,10 @@ class _Session:
                     f"{resume.dropped} partial records dropped (their units run again)"
                 )
             self.run_dir = run_dir
-            telemetry = await self._telemetry(sim, base_url)
+            telemetry = await open_telemetry(config, sim, base_url, self._note)
             stack.callback(telemetry.close)
             anchor = ClockAnchor.take() if resume is None else resume.manifest.anchor
-            client = StreamingClient(self._client_config(base_url), t0_ns=anchor.monotonic_ns)
+            client = StreamingClient(client_config(self.config, base_url, self.spec.pool_size), t0_ns=anchor.monotonic_ns)
             stack.push_async_callback(client.aclose)
             state = self._state(telemetry, run_dir)
             sampler = Sampler(
@@ -237,7 +178,7 @@ class _Session:
             )
             manifest = self._manifest(anchor, model, base_url, telemetry, sampler)
             if resume is not None:
-                _continue(manifest, resume, now_ns() - anchor.monotonic_ns)
+                continue_manifest(manifest, resume, now_ns() - anchor.monotonic_ns)
             stack.callback(setattr, state, "phase", Phase.DONE)
             writer = RunWriter(
                 run_dir,
@@ -289,7 +230,7 @@ class _Session:
         config = self.config
         setup = WorkerSetup(
             self.workload,
-            self._client_config(base_url),
+            client_config(self.config, base_url, self.spec.pool_size),
             t0_ns,
             model,
             config.scorer or self.workload.scorer,
@@ -382,52 +323,6 @@ class _Session:
             },
         }
 
-    async def _telemetry(self, sim: SimulatorProcess | None, base_url: str) -> TelemetrySetup:
-        config = self.config
-        try:
-            telemetry = await anyio.to_thread.run_sync(
-                lambda: open_sources(
-                    config.telemetry,
-                    sim_root_url=_sim_root(config, sim, base_url),
-                    gpus=config.gpus,
-                    agents=config.telemetry_url,
-                    scrapes=config.prometheus_url,
-                )
-            )
-        except ValueError as exc:
-            raise RunError(str(exc)) from None
-        asked = [*config.telemetry_url, *config.prometheus_url]
-        missing = [telemetry.skipped[url] for url in asked if url in telemetry.skipped]
-        if missing:  # asked for the server's own meters: a run without them would measure nothing
-            telemetry.close()
-            raise RunError(missing[0])
-        if sim is not None:
-            self._note("SIMULATED run: built-in simulator server and simulated device (no real GPU measured)")
-        for s in telemetry.opened:
-            self._note(f"telemetry {s.source.name}: {s.info.description or ', '.join(s.info.columns)}")
-        for name, reason in telemetry.skipped.items():
-            self._note(f"telemetry {name} skipped: {reason}")
-        if sim is None and telemetry.opened and not asked and not _is_local(base_url):
-            self._note(
-                f"telemetry measures this machine; the server at {base_url} may be elsewhere "
-                "(run `ipw-async agent` there and give --telemetry-url)"
-            )
-        return telemetry
-
-    def _client_config(self, base_url: str) -> ClientConfig:
-        c = self.config
-        return ClientConfig(
-            base_url=base_url,
-            endpoint=c.endpoint,
-            api_key=c.api_key,
-            max_tokens=c.max_tokens,
-            temperature=c.temperature,
-            params=c.params,
-            connect_timeout=c.connect_timeout,
-            read_timeout=c.read_timeout,
-            max_connections=self.spec.pool_size,
-        )
-
     def _state(self, telemetry: TelemetrySetup, run_dir: Path) -> RunState:
         spec = self.spec
         state = RunState(
@@ -469,39 +364,6 @@ class _Session:
             sample_ms=config.sample_ms,
             probe_s=config.counter_probe_s,
         )
-
-
-async def _preflight(config: RunConfig, base_url: str) -> str:
-    models = await list_models(base_url, config.api_key, timeout=config.connect_timeout)
-    if config.model is None:
-        if not models:
-            raise RunError(f"{base_url} serves no models; name one with --model")
-        return models[0]
-    if models and config.model not in models:
-        raise RunError(f"model {config.model!r} is not served at {base_url}; available: {', '.join(models)}")
-    return config.model
-
-
-def _sim_root(config: RunConfig, sim: SimulatorProcess | None, base_url: str) -> str | None:
-    """Where the simulated device answers: ours, or a standalone ``ipw-async sim`` named in --telemetry."""
-    if sim is not None:
-        return sim.root_url
-    if "sim" in config.telemetry.split(","):
-        parts = urlsplit(base_url)
-        return f"{parts.scheme}://{parts.netloc}"
-    return None
-
-
-def _continue(manifest: Manifest, resume: Resume, started_ns: int) -> None:
-    """A resumed session's run.json: the run's identity, clock and baseline, one more session."""
-    earlier = resume.manifest
-    manifest.run_id, manifest.config = earlier.run_id, earlier.config
-    manifest.baseline_window_ns = earlier.baseline_window_ns
-    manifest.dispatched = resume.next_request_id
-    manifest.sessions = [
-        *earlier.sessions,
-        {"session": resume.session, "started_ns": started_ns, "dropped": resume.dropped},
-    ]
 
 
 def _progress(sampler: Sampler, ledger: RunLedger) -> dict[str, Any]:

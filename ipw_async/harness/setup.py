@@ -1,0 +1,107 @@
+"""What a run opens before its load starts: the simulator, the server's model, the telemetry
+sources and the client's settings."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Callable
+from urllib.parse import urlsplit
+
+import anyio
+
+from ..client import ClientConfig, list_models
+from ..errors import RunError
+from ..sim import SimConfig, SimulatorProcess
+from ..telemetry import TelemetrySetup, open_sources
+from .config import RunConfig
+
+
+@contextlib.asynccontextmanager
+async def simulator(config: SimConfig) -> AsyncIterator[SimulatorProcess]:
+    sim = SimulatorProcess(config)
+    try:
+        await anyio.to_thread.run_sync(sim.start)
+    except Exception as exc:
+        raise RunError(str(exc)) from None
+    try:
+        yield sim
+    finally:
+        await anyio.to_thread.run_sync(sim.stop)
+
+
+async def serving_model(config: RunConfig, base_url: str) -> str:
+    """The model the run asks for, checked against what the server lists."""
+    models = await list_models(base_url, config.api_key, timeout=config.connect_timeout)
+    if config.model is None:
+        if not models:
+            raise RunError(f"{base_url} serves no models; name one with --model")
+        return models[0]
+    if models and config.model not in models:
+        raise RunError(f"model {config.model!r} is not served at {base_url}; available: {', '.join(models)}")
+    return config.model
+
+
+async def open_telemetry(
+    config: RunConfig, sim: SimulatorProcess | None, base_url: str, note: Callable[[str], None]
+) -> TelemetrySetup:
+    """The run's telemetry sources, each said (opened or skipped and why); a source the user
+    named that cannot be read stops the run before it starts."""
+    try:
+        telemetry = await anyio.to_thread.run_sync(
+            lambda: open_sources(
+                config.telemetry,
+                sim_root_url=sim_root(config, sim, base_url),
+                gpus=config.gpus,
+                agents=config.telemetry_url,
+                scrapes=config.prometheus_url,
+            )
+        )
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    asked = [*config.telemetry_url, *config.prometheus_url]
+    missing = [telemetry.skipped[url] for url in asked if url in telemetry.skipped]
+    if missing:  # asked for the server's own meters: a run without them would measure nothing
+        telemetry.close()
+        raise RunError(missing[0])
+    if sim is not None:
+        note("SIMULATED run: built-in simulator server and simulated device (no real GPU measured)")
+    for s in telemetry.opened:
+        note(f"telemetry {s.source.name}: {s.info.description or ', '.join(s.info.columns)}")
+    for name, reason in telemetry.skipped.items():
+        note(f"telemetry {name} skipped: {reason}")
+    if sim is None and telemetry.opened and not asked and not is_local(base_url):
+        note(
+            f"telemetry measures this machine; the server at {base_url} may be elsewhere "
+            "(run `ipw-async agent` there and give --telemetry-url)"
+        )
+    return telemetry
+
+
+def client_config(c: RunConfig, base_url: str, pool_size: int) -> ClientConfig:
+    return ClientConfig(
+        base_url=base_url,
+        endpoint=c.endpoint,
+        api_key=c.api_key,
+        max_tokens=c.max_tokens,
+        temperature=c.temperature,
+        params=c.params,
+        connect_timeout=c.connect_timeout,
+        read_timeout=c.read_timeout,
+        max_connections=pool_size,
+    )
+
+
+def sim_root(config: RunConfig, sim: SimulatorProcess | None, base_url: str) -> str | None:
+    """Where the simulated device answers: ours, or a standalone ``ipw-async sim`` named in --telemetry."""
+    if sim is not None:
+        return sim.root_url
+    if "sim" in config.telemetry.split(","):
+        parts = urlsplit(base_url)
+        return f"{parts.scheme}://{parts.netloc}"
+    return None
+
+
+def is_local(base_url: str) -> bool:
+    host = urlsplit(base_url).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.") or host == socket.gethostname()

@@ -1,0 +1,89 @@
+"""The workloads a run can name: ``--workload NAME`` is one entry of :data:`WORKLOADS`, a builder
+from the run's options. Adding a workload adds an entry here and nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from ..errors import RunError
+from ..workload import DatasetError, Workload, resolve
+from ..workload.agentic import Agentic
+from ..workload.conversations import ConversationReplay, builtin_conversations, load_conversations
+from ..workload.single_turn import SingleTurn
+from ..workload.tools import Toolbox, ToolLatency
+
+
+class WorkloadOptions(Protocol):
+    """The run options a workload is built from (a :class:`~.config.RunConfig`)."""
+
+    workload: str
+    dataset: str
+    endpoint: str
+    prompt_column: str
+    answer_column: str
+    max_queries: int | None
+    prompt_tokens: int
+    output_tokens: int
+    length_sigma: float
+    seed: int
+    dataset_seed: int | None
+    tool_latency: str
+    agent_protocol: str
+    max_turns: int
+    task_timeout: float | None
+
+
+def _single(config: WorkloadOptions) -> Workload:
+    dataset = resolve(
+        config.dataset,
+        prompt_column=config.prompt_column,
+        answer_column=config.answer_column,
+        synthetic_n=config.max_queries or 512,
+        prompt_tokens=config.prompt_tokens,
+        output_tokens=config.output_tokens,
+        length_sigma=config.length_sigma,
+        seed=config.seed if config.dataset_seed is None else config.dataset_seed,
+    )
+    return SingleTurn(dataset)
+
+
+def _agentic(config: WorkloadOptions) -> Workload:
+    if config.dataset != "qa":
+        raise RunError("--workload agentic runs the built-in tool tasks; leave --dataset out")
+    return Agentic(
+        Toolbox(latency=ToolLatency.parse(config.tool_latency)),
+        protocol=config.agent_protocol,
+        endpoint=config.endpoint,
+        max_turns=config.max_turns,
+        task_timeout_s=config.task_timeout,
+        seed=config.seed,
+    )
+
+
+def _conversation(config: WorkloadOptions) -> Workload:
+    chat = config.endpoint == "chat"
+    if config.dataset == "qa":
+        return ConversationReplay(builtin_conversations(), "qa-chat", chat)
+    return ConversationReplay(load_conversations(config.dataset), Path(config.dataset).stem, chat)
+
+
+# ``--workload NAME``: the one place a workload is named (the CLI's choices come from here)
+WORKLOADS: dict[str, Callable[[WorkloadOptions], Workload]] = {
+    "single": _single,
+    "agentic": _agentic,
+    "conversation": _conversation,
+}
+
+
+def workload_of(config: WorkloadOptions) -> Workload:
+    """The workload a config describes: single-turn requests over its dataset, agentic tasks,
+    or replayed conversations."""
+    build = WORKLOADS.get(config.workload)
+    if build is None:
+        raise RunError(f"--workload must be one of {', '.join(WORKLOADS)}")
+    try:
+        return build(config)
+    except DatasetError as exc:
+        raise RunError(str(exc)) from None
