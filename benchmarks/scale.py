@@ -35,10 +35,10 @@ import polars as pl
 from client_overhead import stream_config, stream_figures
 
 from ipw_async import RunConfig, run_benchmark
-from ipw_async.agent import AgentProcess
 from ipw_async.harness.ray_pool import local_cluster
 from ipw_async.harness.workers import auto_workers
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
+from ipw_async.telemetry_agent import AgentProcess
 
 ZERO_DELAY = SimConfig(
     engine=EngineConfig(zero_delay=True, step_per_seq_ms=0.0, step_per_prefill_token_ms=0.0, max_batch=512)

@@ -122,14 +122,14 @@ def test_the_package_keeps_its_layers() -> None:
 
 def test_a_planted_violation_is_caught() -> None:
     graph = import_graph()
-    graph["ipw_async.sim.engine"] = graph["ipw_async.sim.engine"] | {"ipw_async.harness.session"}
+    graph["ipw_async.sim.engine"] = graph["ipw_async.sim.engine"] | {"ipw_async.harness.live"}
     graph["ipw_async.telemetry.base"] = graph["ipw_async.telemetry.base"] | {"ipw_async.analysis.rundir"}
     graph["ipw_async.harness.ledger"] = graph["ipw_async.harness.ledger"] | {"ipw_async.harness.workers"}
     found = violations(graph)
     assert "ipw_async.harness.ledger imports ipw_async.harness.workers: " + (
         "the run's ledger and the dispatch protocol know no pool"
     ) in found
-    assert "ipw_async.sim.engine imports ipw_async.harness.session: " + (
+    assert "ipw_async.sim.engine imports ipw_async.harness.live: " + (
         "the harness runs benchmarks; this room only reads or measures"
     ) in found
     # analysis.rundir reads telemetry.base: the planted edge back closes a circle

@@ -14,12 +14,12 @@ import pytest
 from typer.testing import CliRunner
 
 from ipw_async import run_benchmark
-from ipw_async.agent import AgentProcess
 from ipw_async.cli import app
 from ipw_async.clock_sync import ClockSync
 from ipw_async.errors import RunError
 from ipw_async.sim import SimulatorProcess
 from ipw_async.telemetry.prometheus import PrometheusSource, parse
+from ipw_async.telemetry_agent import AgentProcess
 
 from .conftest import quick_config
 

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from .._clock import NS
-from ..agent import describe, serve_agent
 from ..telemetry import open_sources
+from ..telemetry_agent import describe, serve_agent
 from ._common import err, fail
 
 DEFAULT_PORT = 9180

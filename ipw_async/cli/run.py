@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from ..errors import RunAborted, RunError
 from ..harness import RunConfig, run_benchmark
-from ..harness.session import Display
+from ..harness.live import Display
 from ..results import finalize
 from ..rundir.manifest import RunDirError
 from ..sim import EngineConfig, Faults, SimConfig, serve

@@ -23,7 +23,7 @@ from ..errors import RunError
 from ..rundir import files
 from ..rundir.manifest import Manifest, RunDirError, slug
 from .config import RunConfig
-from .session import Display, run_benchmark
+from .live import Display, run_benchmark
 
 
 def default_sweep_dir(base: RunConfig) -> Path:

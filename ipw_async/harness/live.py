@@ -68,22 +68,22 @@ async def run_benchmark(
     if config.resume is not None:
         config, resume = resume_from(config)
         spec = config.validate()
-    session = _Session(config, spec, workload or workload_of(config), display, resume)
-    await session.run()
-    assert session.run_dir is not None
+    live = _LiveRun(config, spec, workload or workload_of(config), display, resume)
+    await live.run()
+    assert live.run_dir is not None
     try:
-        result = await anyio.to_thread.run_sync(finalize, session.run_dir)
+        result = await anyio.to_thread.run_sync(finalize, live.run_dir)
     except (OSError, RunDirError) as exc:
-        if session.abort.reason is None:
+        if live.abort.reason is None:
             raise
-        raise RunAborted(f"{session.abort.reason}; the run could not be finished ({exc})") from None
+        raise RunAborted(f"{live.abort.reason}; the run could not be finished ({exc})") from None
     if display is not None:
         display.finish(result)
-    if session.interrupted is not None:
-        raise session.interrupted
-    if session.abort.reason:
+    if live.interrupted is not None:
+        raise live.interrupted
+    if live.abort.reason:
         count = result.records.height
-        raise RunAborted(f"{session.abort.reason}; {count} records kept in {session.run_dir}")
+        raise RunAborted(f"{live.abort.reason}; {count} records kept in {live.run_dir}")
     return result
 
 
@@ -109,7 +109,7 @@ class _Tasks:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-class _Session:
+class _LiveRun:
     """The parts of one run while it is live."""
 
     def __init__(
