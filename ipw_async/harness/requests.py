@@ -4,14 +4,15 @@ coordinator in a worker)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from .._clock import now_ns
 from ..client import StreamingClient
 from ..records import RequestRecord, Status
 from ..scoring import score
-from ..workload import Query, TaskLog, Workload, WorkUnit
+from ..workload import Outcome, Query, TaskLog, Workload, WorkUnit
 
 
 class RequestSink(Protocol):
@@ -96,8 +97,12 @@ class UnitRequests:
                 )
             await self.sink.kept(record)
 
-    def task_started(self) -> None:
+    @contextlib.contextmanager
+    def task(self, log: TaskLog) -> Iterator[TaskLog]:
         self.sink.task_started()
-
-    def task_done(self, log: TaskLog) -> None:
-        self.sink.task_done(log)
+        try:
+            yield log
+        finally:
+            if log.outcome is None:  # cancelled mid-task: what it did so far still counts
+                log.end(Outcome.CANCELLED, self.t0_ns)
+            self.sink.task_done(log)

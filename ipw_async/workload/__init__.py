@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -78,12 +79,9 @@ class Requests(Protocol):
         against the query's reference) and keep it."""
         ...
 
-    def task_started(self) -> None:
-        """A multi-turn task began."""
-        ...
-
-    def task_done(self, log: TaskLog) -> None:
-        """A multi-turn task ended: its log goes to ``tasks.jsonl``."""
+    def task(self, log: TaskLog) -> AbstractContextManager[TaskLog]:
+        """A multi-turn task around its turns: counted as it starts, and its ``log`` (ended as
+        cancelled if the body did not end it) goes to ``tasks.jsonl`` however it ends."""
         ...
 
 

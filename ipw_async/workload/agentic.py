@@ -227,8 +227,7 @@ class Agentic:
         conversation = self._conversation(task)
         rng = random.Random(f"{self.seed}:{unit.unit_id}")  # tool latencies, reproducible per task
         deadline = None if self.task_timeout_s is None else now_ns() + int(self.task_timeout_s * NS)
-        requests.task_started()
-        try:
+        with requests.task(log):
             for turn in range(self.max_turns):
                 if deadline is not None and now_ns() > deadline:
                     log.end(Outcome.TIMEOUT, t0)
@@ -260,7 +259,3 @@ class Agentic:
                 log.tools(results)
                 conversation.extend(record, step, results)
             log.end(Outcome.MAX_TURNS, t0)
-        finally:
-            if log.outcome is None:  # cancelled mid-task: what it did so far still counts
-                log.end(Outcome.CANCELLED, t0)
-            requests.task_done(log)

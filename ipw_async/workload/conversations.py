@@ -142,8 +142,7 @@ class ConversationReplay:
             scheduled_ns - t0,
         )
         messages = [{"role": "system", "content": conversation.system}] if conversation.system else []
-        requests.task_started()
-        try:
+        with requests.task(log):
             for i, turn in enumerate(conversation.turns):
                 think = turn.think_s if i > 0 else 0.0
                 if think:
@@ -157,7 +156,3 @@ class ConversationReplay:
                     return
                 messages.append({"role": "assistant", "content": record.answer})
             log.end(Outcome.COMPLETED, t0, messages[-1]["content"])
-        finally:
-            if log.outcome is None:
-                log.end(Outcome.CANCELLED, t0)
-            requests.task_done(log)
