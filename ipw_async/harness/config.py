@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._options import option
+from ..client import ClientConfig
 from ..energy import RULES
 from ..errors import RunError
 from ..load import ARRIVALS, LoadSpec
@@ -39,8 +40,17 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+_CLIENT = ClientConfig(base_url="")  # the client's defaults are the run's
+
 # --help's panels
-TARGET, WORKLOAD, LOAD, TELEMETRY, ENERGY, OUTPUT = "Target", "Workload", "Load", "Telemetry", "Energy", "Output"
+TARGET, WORKLOAD, LOAD, TELEMETRY, ENERGY, OUTPUT = (
+    "Target",
+    "Workload",
+    "Load",
+    "Telemetry",
+    "Energy",
+    "Output",
+)
 ENDPOINTS = ("chat", "completions")
 
 
@@ -64,7 +74,7 @@ class RunConfig:
         metadata=option("Model name to request; default: the server's first model.", panel=TARGET),
     )
     endpoint: str = field(
-        default="chat",
+        default=_CLIENT.endpoint,
         metadata=option(
             "chat (/chat/completions) or completions (/completions).", panel=TARGET, choices=ENDPOINTS
         ),
@@ -200,9 +210,12 @@ class RunConfig:
     )
     dataset_seed: int | None = None  # synthetic lengths; default: seed (a sweep holds it fixed)
     max_tokens: int = field(
-        default=256, metadata=option("max_tokens for each request (synthetic sets its own).", panel=TARGET)
+        default=_CLIENT.max_tokens,
+        metadata=option("max_tokens for each request (synthetic sets its own).", panel=TARGET),
     )
-    temperature: float | None = field(default=0.0, metadata=option("Sampling temperature.", panel=TARGET))
+    temperature: float | None = field(
+        default=_CLIENT.temperature, metadata=option("Sampling temperature.", panel=TARGET)
+    )
     params: dict[str, Any] = field(
         default_factory=dict,
         metadata=option(
@@ -214,10 +227,11 @@ class RunConfig:
         ),
     )
     connect_timeout: float = field(
-        default=10.0, metadata=option("Seconds to wait for a connection.", panel=TARGET)
+        default=_CLIENT.connect_timeout, metadata=option("Seconds to wait for a connection.", panel=TARGET)
     )
     read_timeout: float = field(
-        default=300.0, metadata=option("Seconds to wait between bytes of a response.", panel=TARGET)
+        default=_CLIENT.read_timeout,
+        metadata=option("Seconds to wait between bytes of a response.", panel=TARGET),
     )
     telemetry: str = field(
         default="auto",
