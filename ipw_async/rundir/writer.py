@@ -139,9 +139,7 @@ class RunWriter:
         """Records, task logs and telemetry to disk, and ``run.json`` when it changed."""
         await self.flush_records()
         await self._flush_tasks()
-        if self.telemetry is not None:
-            with self._refused(self.telemetry.stream.path):
-                await files.write_in_thread(self.telemetry.flush)
+        await self._flush_telemetry()
         self.update(**self.current())
         if self._dirty:
             await self._write_manifest()
@@ -164,6 +162,11 @@ class RunWriter:
             with self._refused(self.tasks.path):
                 await files.write_in_thread(self._append_tasks, logs)
 
+    async def _flush_telemetry(self) -> None:
+        if self.telemetry is not None:
+            with self._refused(self.telemetry.stream.path):
+                await files.write_in_thread(self.telemetry.flush)
+
     def _append_tasks(self, logs: list[dict[str, Any]]) -> None:
         for log in logs:
             self.tasks.append(log)
@@ -178,19 +181,20 @@ class RunWriter:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._closing.set()
-        if self._flusher is not None:
-            await self._flusher
-        try:  # each file is closed even when the disk refuses what is left
-            await self._flush_tasks()
-            if self.telemetry is not None:
-                with self._refused(self.telemetry.stream.path):
-                    await files.write_in_thread(self.telemetry.flush)
-                with self._refused(self.telemetry.stream.path):
-                    self.telemetry.stream.close()
-            with self._refused(self.records.path):
-                await self.records.close()
-        finally:
-            self.tasks.close()
+        try:
+            if self._flusher is not None:
+                await self._flusher
+        finally:  # each file is closed even when the flusher failed or the disk refuses what is left
+            try:
+                await self._flush_tasks()
+                await self._flush_telemetry()
+                if self.telemetry is not None:
+                    with self._refused(self.telemetry.stream.path):
+                        self.telemetry.stream.close()
+                with self._refused(self.records.path):
+                    await self.records.close()
+            finally:
+                self.tasks.close()
         self.update(**self.current())
         if self._outcome is not None:
             self.manifest.end = self._outcome()
