@@ -1,0 +1,264 @@
+"""Where the prompts ran: each request's computed prompt placed in the inferred steps' room.
+
+A step that ran longer than its decoding explains had room for prompt tokens. Step times are
+fitted as ``a + b·decoders + c·prefill tokens + e·their positions + d·context read``, and the
+prompts are placed first come, first served in the room that leaves, then the fit is redone
+with that placement until the two agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from scipy.optimize import nnls
+
+MIN_TIMED_STEPS = 4  # fewer steps of known length than this fit no step-time model
+# Fewer prompt tokens a step than this is no engine's budget (vLLM's and llama.cpp's are in
+# the thousands): steps that show no prefill time then did their prompts' work cheaply, in the
+# step of each first token, rather than all running at a budget.
+MIN_STEP_BUDGET = 64
+# The batch's peak is a server's batch limit where at least this share of the steps ran at it
+# (once or twice at the peak is only where load was highest).
+BATCH_CEILING_SHARE = 0.05
+# Refits of the step-time model with the placement it implies, at most
+REFITS = 8
+# A step longer than decoding alone by this share may have run prompt tokens
+LONG_STEP = 0.05
+# A step-time term for prompt positions must cut the squared error of step times by this share
+POSITION_GAIN = 0.05
+
+
+class StepTimes(Protocol):
+    """What placing prompts needs of the steps: their times, batch and context read."""
+
+    start: np.ndarray
+    end: np.ndarray
+    decode: np.ndarray
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def context(self) -> np.ndarray: ...
+
+
+@dataclass
+class Placed:
+    """The prompts placed: the steps' starts (a cold step's moved to what its work takes), each
+    step's prefill tokens and their positions, the entries, and the step-time model fitted."""
+
+    start: np.ndarray
+    prefill: np.ndarray
+    entries: Placement
+    duration_fit: dict[str, float]
+
+
+def place_prefill(
+    steps: StepTimes,
+    sent: np.ndarray,
+    first_step: np.ndarray,
+    tokens: np.ndarray,
+    cached: np.ndarray,
+    cold: np.ndarray,
+    running: np.ndarray,
+) -> Placed:
+    """Each prompt in the room the steps' extra time (over decode alone) leaves, first come,
+    first served as the engines we know schedule prefill (vLLM, SGLang, TGI): prompts in the
+    order of their first tokens, each from the first step after its arrival, and no earlier
+    than the first-token step of the prompt served before it nor than the last step before it
+    at the batch's ceiling (a request queued for a batch slot does no work), taking what room
+    earlier prompts left, its first-token step taking whatever remains. A prompt token's time
+    grows with its position (attention over the tokens before it), so a long prompt's later
+    chunks fill a step's room with fewer tokens. A ``cold`` step (the engine idle before it)
+    lasts what the step-time fit says its work takes, within the time since its first request
+    arrived.
+
+    (Spreading a prompt over all its wait in proportion to the room put much of it in steps
+    that were busy with the prompts queued ahead of it.) ``cached`` prompt tokens come first
+    in each prompt: its computed tokens' positions start after them."""
+    context = steps.context
+    start = steps.start.copy()
+    earliest = steps.start.copy()
+    duration = steps.end - start
+    timed_steps = np.isfinite(duration) & (duration > 0) & ~cold  # a cold step's start is a guess
+    times_cold_steps = timed_steps.sum() >= MIN_TIMED_STEPS  # else the fit is a median, no model
+    order = np.argsort(first_step, kind="stable")
+    have = order[(first_step[order] >= 0) & (tokens[order] > 0)]
+    last = first_step[have]
+    need = float(tokens[have].sum())
+    # a request joins the batch at the first step that starts after it arrived
+    # a batch limit shows as a ceiling the batch keeps reaching: no prompt ran in a step at it,
+    # so a request whose first token came later waited for a slot until after the last such
+    full = np.flatnonzero(running >= running.max()) if running.size else running.astype(int)
+    if full.size < BATCH_CEILING_SHARE * steps.count:
+        full = full[:0]
+    j = np.searchsorted(full, last)
+    admitted = np.where(j > 0, full[np.maximum(j - 1, 0)] + 1, 0) if full.size else np.zeros_like(last)
+    first = np.minimum(np.maximum(np.searchsorted(start, sent[have], side="left"), admitted), last)
+    # steps some prompt could have been prefilled in
+    cover = np.bincount(first, minlength=steps.count + 1) - np.bincount(last + 1, minlength=steps.count + 1)
+    in_window = np.cumsum(cover[:-1]) > 0
+    prefill, position = np.zeros(steps.count), np.zeros(steps.count)
+    placement = Placement(np.zeros(0, dtype=int), np.zeros(0, dtype=int), np.zeros(0), np.zeros(0))
+    duration_fit: dict[str, float] = {}
+    previous: tuple[float, ...] = ()
+    # the first fit times decoding alone, over the steps no prompt could have run in
+    # (or, where few are, over the shorter half of the steps)
+    alone = timed_steps & ~in_window
+    if alone.sum() < MIN_TIMED_STEPS:
+        alone = (
+            timed_steps & (duration <= np.median(duration[timed_steps])) if timed_steps.any() else timed_steps
+        )
+    first_fit = alone if alone.sum() >= MIN_TIMED_STEPS else timed_steps
+    for iteration in range(REFITS):  # refit the step-time model with the placement it implies
+        fitting = first_fit if iteration == 0 else timed_steps
+        fitted = _fit_duration(
+            duration[fitting], steps.decode[fitting], prefill[fitting], position[fitting], context[fitting]
+        )
+        if previous and np.allclose(fitted, previous, rtol=1e-3, atol=1e-3):
+            break  # the placement it implies is the one already made
+        previous = fitted
+        a, b, c, e, d = fitted
+        duration_fit = {
+            "base_ms": a / 1e6,
+            "per_decode_ms": b / 1e6,
+            "per_prefill_token_ms": c / 1e6,
+            "per_position_ktoken_ms": e / 1e6,
+            "per_context_ktoken_ms": d / 1e6,
+        }
+        decoding = a + b * steps.decode + d * context
+        prefilling = c * prefill + e * position
+        if times_cold_steps:
+            modelled = decoding + prefilling
+            since = np.where(modelled > 0, np.maximum(earliest, steps.end - modelled), earliest)
+            start[cold] = since[cold]
+            duration = steps.end - start
+        # prefill time under 1% of a step is the fit's float residue: no room
+        timed = (
+            prefill.any()
+            and c + e > 0
+            and float(prefilling[prefill > 0].mean()) >= 0.01 * float(np.median(duration))
+        )
+        room, unit = (
+            (np.maximum(duration - decoding, 0.0), (c, e)) if timed else (np.zeros(steps.count), (1.0, 0.0))
+        )
+        # Before any placement, and wherever every step at its token budget looks alike in time
+        # (the fit cannot tell base time from prompt tokens, and the steps' room cannot hold
+        # the prompts), the prompts themselves say what a step holds: all of them over the
+        # steps they could have run in that ran longer than decoding alone explains (an engine
+        # fills a token budget, so a prompt's chunks are alike in tokens, not in time).
+        long = in_window & (duration - decoding > LONG_STEP * np.maximum(decoding, 0.0))
+        steps_for = long if iteration == 0 and long.any() else in_window
+        capacity = need / max(int(steps_for.sum()), 1)
+        if (
+            room.sum() < 0.5 * _prompt_time(tokens[have], cached[have], *unit).sum()
+            and capacity >= MIN_STEP_BUDGET
+        ):
+            room, unit = np.where(steps_for, capacity, 0.0), (1.0, 0.0)
+        placement = _fill(room, unit, have, first, last, tokens, cached)
+        prefill = np.bincount(placement.step, weights=placement.tokens, minlength=steps.count)
+        position = np.bincount(placement.step, weights=placement.position, minlength=steps.count)
+    return Placed(start, prefill, placement, duration_fit)
+
+
+@dataclass
+class Placement:
+    """Prefill entries: request, step, prompt tokens and their positions summed (thousands)."""
+
+    req: np.ndarray
+    step: np.ndarray
+    tokens: np.ndarray
+    position: np.ndarray
+
+
+def _prompt_time(
+    tokens: np.ndarray, offset: np.ndarray, per_token: float, per_kposition: float
+) -> np.ndarray:
+    """Time (in the room's unit) to prefill ``tokens`` prompt tokens that start at position
+    ``offset``: each costs ``per_token`` plus ``per_kposition`` per thousand positions before it."""
+    return per_token * tokens + per_kposition * (tokens * offset + tokens * (tokens - 1) / 2) / 1000
+
+
+def _tokens_within(time: np.ndarray, offset: float, per_token: float, per_kposition: float) -> np.ndarray:
+    """The inverse of :func:`_prompt_time`: how many tokens from ``offset`` fit in ``time``."""
+    quadratic = per_kposition / 2000
+    linear = max(per_token + per_kposition * (offset - 0.5) / 1000, 1e-12)
+    return 2 * time / (linear + np.sqrt(linear * linear + 4 * quadratic * time))
+
+
+def _fill(
+    room: np.ndarray,
+    unit: tuple[float, float],
+    have: np.ndarray,
+    first: np.ndarray,
+    last: np.ndarray,
+    tokens: np.ndarray,
+    cached: np.ndarray,
+) -> Placement:
+    """The prompts ``have`` placed first come, first served into ``room`` (what each step has
+    for prefill, in time or tokens as ``unit`` prices a token), each over steps ``first`` to
+    ``last`` (its first token's), no earlier than the first-token step of the one before it."""
+    per_token, per_kposition = unit
+    used = np.zeros(room.size)
+    reqs: list[int] = []
+    where: list[int] = []
+    parts: list[float] = []
+    positions: list[float] = []
+    served = -1  # where the prompt served before this one got its first token
+    for i, lo, f in zip(have.tolist(), first.tolist(), last.tolist(), strict=True):
+        lo = max(lo, min(served, f))
+        served = f
+        offset, total = float(cached[i]), float(tokens[i])
+        if lo == f:  # one step to run in (most prompts): all of it there, without arrays
+            used[f] += per_token * total + per_kposition * (total * offset + total * (total - 1) / 2) / 1000
+            reqs.append(i)
+            where.append(f)
+            parts.append(total)
+            positions.append(total * (offset + (total - 1) / 2) / 1000)
+            continue
+        window = np.arange(lo, f + 1)
+        free = np.maximum(room[window] - used[window], 0.0)
+        free[free < per_token + per_kposition * offset / 1000] = 0.0  # less than a token: full
+        done = np.minimum(_tokens_within(np.cumsum(free), offset, per_token, per_kposition), total)
+        done[-1] = total  # the first-token step takes whatever remains
+        before = np.concatenate(([0.0], done[:-1]))
+        take = done - before
+        at = offset + before
+        used[window] += _prompt_time(take, at, per_token, per_kposition)
+        keep = take > 0
+        reqs.extend([i] * int(keep.sum()))
+        where.extend(window[keep].tolist())
+        parts.extend(take[keep].tolist())
+        positions.extend((take * (at + (take - 1) / 2) / 1000)[keep].tolist())
+    return Placement(
+        np.array(reqs, dtype=int),
+        np.array(where, dtype=int),
+        np.array(parts, dtype=float),
+        np.array(positions, dtype=float),
+    )
+
+
+def _fit_duration(
+    duration: np.ndarray, decode: np.ndarray, prefill: np.ndarray, position: np.ndarray, context: np.ndarray
+) -> tuple[float, float, float, float, float]:
+    """Step time = a + b·decoders + c·prefill tokens + e·their positions + d·context read, all
+    non-negative (least squares): attention reads every decoder's KV cache, and every prompt
+    token the tokens before it, so long contexts and long prompts make long steps.
+
+    The position term is kept only where it explains the steps' times clearly better: with
+    few prefill steps it can fit any split of a prompt between them, and the placement it
+    implies then agrees with it whatever the truth."""
+    if duration.size < MIN_TIMED_STEPS:
+        return float(np.median(duration)) if duration.size else 0.0, 0.0, 0.0, 0.0, 0.0
+    columns = np.column_stack((np.ones_like(duration), decode, prefill, position, context))
+    without_position = [0, 1, 2, 4]
+    coef = np.zeros(5)
+    coef[without_position], simple_rss = nnls(columns[:, without_position], duration)
+    if (prefill > 0).sum() >= 2 * MIN_TIMED_STEPS:
+        rich, rich_rss = nnls(columns, duration)
+        if rich_rss**2 < (1 - POSITION_GAIN) * simple_rss**2:
+            coef = rich
+    a, b, c, e, d = (float(v) for v in coef)
+    return a, b, c, e, d
