@@ -39,11 +39,14 @@ draw's physics line names the effects drawn (``effects: none`` when none) and th
 (``step`` W, ``κ`` work/1000 tokens + step ms/1000 tokens, ``κp``, ``lag`` ms, ``jitter`` ms,
 ``leak`` W with its time constant, ``cap`` W and mode), and the power model chosen.
 
-Each draw's simulator also logs its steps, so two more rows say where an error comes from:
+Each draw's simulator also logs its steps, so three more rows say where an error comes from:
 ``sim steps+model`` splits the meter by the simulator's own steps and physics (what remains is
-the meter's resolution: no rule can do better from it), and ``sim model`` by its physics over
-the steps the run inferred (what remains is that and the step inference; the rest of the
-default's error is the power model it could not know). The aggregate gives each method's
+the meter's resolution: no rule can do better from it), ``sim model`` by its physics over the
+steps the run inferred (what remains is that and the step inference), and ``fit, true
+effects`` is the fitted rule told which effects the device has (``--power-model``): what it
+adds to ``sim model`` is the weights the run could not identify, and the default's difference
+from it the selection's. A last table gives each draw's p95 built up over these stages and the
+stage that bounds it. The aggregate gives each method's
 median and worst p95, over all draws and over those with a counter of 100 ms or less; then,
 over the latter, the default's checks: draws with a p95 ≤ 5%, the median draw's p95, the
 worst draw's band holds and the draws where they are ≥ 90%, the worst |conservation|, the
@@ -115,6 +118,27 @@ def cases(quick: bool) -> list[Case]:
 
 DEFAULT = "fitted (default)"  # what `ipw-async run` reports unless told otherwise
 FLOOR = "sim steps+model"  # the simulator's own steps and physics: the meter's resolution
+GIVEN = "fit, true effects"  # the fitted rule told which effects the device has: no selection
+# Where the default's error comes from, stage by stage: each oracle row removes one stage
+STAGES = (
+    ("meter", None, FLOOR),
+    ("steps", FLOOR, "sim model"),
+    ("weights", "sim model", GIVEN),
+    ("selection", GIVEN, DEFAULT),
+)
+
+
+def true_effects(engine: EngineConfig) -> str:
+    """The power-model effects (``--power-model``) the simulated device has."""
+    present = {
+        "curve": engine.work_exponent != 1.0 or math.isfinite(engine.max_w),
+        "step": engine.step_w > 0,
+        "context": engine.context_work > 0,
+        "position": engine.prefill_position_work > 0,
+        "lag": engine.meter_lag_ms > 0,
+        "drift": engine.thermal_leak_w > 0,
+    }
+    return "+".join(name for name, on in present.items() if on) or "linear"
 
 
 def errors(estimate: np.ndarray, truth: np.ndarray) -> dict[str, float]:
@@ -176,6 +200,11 @@ def score(
         "equal": {"attribution": "equal"},
         "window": {"attribution": "window"},
     }
+    if engine is not None:
+        methods = {
+            DEFAULT: methods.pop(DEFAULT),
+            GIVEN: {"attribution": "fitted", "power_model": true_effects(engine)},
+        } | methods
     rows: dict[str, Any] = {}
     total = None
     summary: dict[str, Any] = {}
@@ -442,6 +471,29 @@ def print_aggregate(results: list[dict[str, Any]]) -> None:
             )
 
 
+def print_bounds(results: list[dict[str, Any]]) -> None:
+    """Per draw, the default's p95 built up stage by stage from the oracles: the meter's floor
+    (the simulator's steps and physics), then the steps inferred instead, then the power model's
+    weights fitted (its effects given), then the effects chosen; the largest step bounds it."""
+    print("\nwhere the default's p95 comes from, stage by stage (each oracle row removes one stage):")
+    print(
+        f"{'draw':<5} {'counter':>8} {'meter':>7} {'+steps':>7} {'+weights':>9} {'+selection':>11}  bound    effects"
+    )
+    bounds: dict[str, list[int]] = {name: [] for name, _, _ in STAGES}
+    for seed, r in enumerate(results):
+        m = r["methods"]
+        if GIVEN not in m or FLOOR not in m:
+            continue
+        steps = {name: p95(m[row]) - (p95(m[base]) if base else 0.0) for name, base, row in STAGES}
+        bound = max(steps, key=lambda name: steps[name])
+        bounds[bound].append(seed)
+        print(
+            f"#{seed:<4} {r['counter_ms']:>6.0f}ms {steps['meter']:>7.1%} {steps['steps']:>+7.1%} "
+            f"{steps['weights']:>+9.1%} {steps['selection']:>+11.1%}  {bound:<8} {','.join(r['effects']) or 'none'}"
+        )
+    print("draws bounded by each stage: " + "; ".join(f"{k} {len(v)} {v}" for k, v in bounds.items()))
+
+
 def median_of(values: list[float]) -> str:
     return f"{np.median(values):.1%}" if values else "—"
 
@@ -536,6 +588,7 @@ def main() -> None:
                 results.append(r)
                 print_case(r, tail=f"  {r['sampler_lateness_p99_ms']:.2f} ms")
             print_aggregate(results)
+            print_bounds(results)
         else:
             todo = (
                 [(Case(c, 100.0), e) for e in ("none", *EFFECTS) for c in ((16,) if args.quick else (16, 64))]

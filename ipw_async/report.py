@@ -59,7 +59,10 @@ def describe_selection(model: dict[str, Any]) -> list[str]:
     lines = []
     if errors:
         ranked = sorted(errors.items(), key=lambda kv: kv[1])
-        shown = ", ".join(f"{name} {err:.1%}{' (chosen)' if name == model.get('model') else ''}" for name, err in ranked)
+        mark = " (given)" if selection.get("given") else " (chosen)"
+        shown = ", ".join(
+            f"{name} {err:.1%}{mark if name == model.get('model') else ''}" for name, err in ranked
+        )
         lines.append(f"held-out error by candidate: {shown}")
     values = {**model, "drift": (model.get("static_drift") or {}).get("coef_w")}
     params = [

@@ -48,6 +48,7 @@ def finalize(
     *,
     attribution: str | None = None,
     prefill_weight: float | None = None,
+    power_model: str | None = None,
     baseline_w: float | None = None,
 ) -> RunResult:
     """Attribute energy and write ``records.arrow`` (with energy), ``traces.jsonl`` and
@@ -62,9 +63,10 @@ def finalize(
     records = read_records(run_dir)
     telemetry = read_telemetry(run_dir, manifest)
     config = manifest.config
-    settings = AttributionConfig(  # raises ValueError for an unknown rule
+    settings = AttributionConfig(  # raises ValueError for an unknown rule or effect
         rule=attribution or config["attribution"],
         prefill_weight=config["prefill_weight"] if prefill_weight is None else prefill_weight,
+        power_model=config.get("power_model", "auto") if power_model is None else power_model,
         baseline_w=config["baseline_w"] if baseline_w is None else baseline_w,
         baseline_window_ns=manifest.baseline_window_ns,
         session_starts_ns=manifest.session_starts_ns,

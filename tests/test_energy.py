@@ -370,7 +370,9 @@ def test_the_band_holds_either_of_two_models_the_data_cannot_tell_apart(
     chosen = PowerModel(static_w=50.0, scale_w=10.0, prefill_weight=0.25)
     alike = replace(chosen, context_weight=1.0, effects=("context",))
     monkeypatch.setattr(
-        importlib.import_module("ipw_async.energy.attribute"), "fit", lambda _: (chosen, [alike])
+        importlib.import_module("ipw_async.energy.attribute"),
+        "fit",
+        lambda _problem, _given: (chosen, [alike]),
     )
     config = AttributionConfig(baseline_w=50.0)
     out, _ = attribute(tel, [COUNTER], recs, config)

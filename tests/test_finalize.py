@@ -128,6 +128,34 @@ def test_finalize_rejects_an_unknown_rule(finished_run: Path) -> None:
     assert result.exit_code == 2 and "unknown attribution rule" in result.output
 
 
+def test_finalize_with_a_given_power_model_fits_it_and_says_so(finished_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    run_dir = tmp_path / "given"
+    shutil.copytree(finished_run, run_dir)
+    before = (run_dir / "records.arrow").read_bytes()
+    refused = cli.invoke(
+        app, ["finalize", str(run_dir), "--power-model", "curve+lagg"], env={"COLUMNS": "300"}
+    )
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
+    assert "unknown power-model effect 'lagg'" in refused.output and "curve, step, context" in refused.output
+    assert (run_dir / "records.arrow").read_bytes() == before  # nothing rewritten
+
+    result = cli.invoke(app, ["finalize", str(run_dir), "--power-model", "linear"])
+    assert result.exit_code == 0, result.output
+    energy = json.loads((run_dir / "summary.json").read_text())["energy"]
+    model = energy["meters"]["sim"]["power_model"]
+    assert energy["power_model"] == "linear" and model["model"] == "linear" and model["selection"]["given"]
+    assert model["exponent"] == 1.0 and model["lag_ms"] == 0.0
+    assert abs(energy["meters"]["sim"]["conservation_error"]) < 1e-9
+    # back to the run's own choice: its first figures again
+    assert cli.invoke(app, ["finalize", str(run_dir), "--power-model", "auto"]).exit_code == 0
+    assert (
+        json.loads((run_dir / "summary.json").read_text())["energy"]
+        == json.loads((finished_run / "summary.json").read_text())["energy"]
+    )
+
+
 def test_a_killed_run_leaves_files_plain_readers_open(tmp_path: Path) -> None:
     run_dir = tmp_path / "killed"
     args = ["-c", "4", "-n", "5000", "--no-dashboard", "--baseline-s", "0", "--dataset", "synthetic"]

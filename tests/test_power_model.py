@@ -15,7 +15,7 @@ from scipy.signal import lfilter
 from ipw_async import finalize
 from ipw_async.energy import fit as fit_module
 from ipw_async.energy.counter import VirtualCounter
-from ipw_async.energy.fit import fit
+from ipw_async.energy.fit import fit, parse_effects
 from ipw_async.energy.model import PowerModel
 from ipw_async.energy.prefill import CAPPED_PREFILL_WEIGHT
 from ipw_async.energy.problem import Problem
@@ -417,3 +417,43 @@ def test_a_long_run_is_chosen_mid_run_and_fitted_whole(monkeypatch: pytest.Monke
     assert any("chosen over the 300 meter intervals mid-run, then fitted to all" in n for n in model.notes)
     assert model.effects == ("curve",) and model.intervals == energy.size
     assert model.exponent == pytest.approx(0.7, rel=0.02)
+
+
+def test_a_given_model_is_fitted_as_given_and_scored_beside_linear_work() -> None:
+    # the truth has a curve and a 50 ms meter lag; told only "curve", the fit keeps to it
+    truth = PowerModel(static_w=60.0, scale_w=20.0, prefill_weight=0.3, exponent=0.7)
+    knots, energy, steps = synthetic(truth, seed=13, lag_ms=50.0)
+    counter = VirtualCounter(
+        knots, np.concatenate(([0.0], np.cumsum(energy))), np.zeros(energy.size, dtype=bool)
+    )
+    problem = Problem(counter, steps, 60.0, default_prefill_weight=0.25)
+    model, alike = fit(problem, parse_effects("curve"))
+    assert model.effects == ("curve",) and model.lag_ms == 0.0 and alike == []
+    assert model.selection["given"] is True
+    held = model.selection["held_out_error"]
+    assert set(held) == {"curve", "linear"} and held["curve"] < held["linear"]
+    lagged = fit(problem, parse_effects("curve+lag"))[0]
+    assert 25.0 <= lagged.lag_ms <= 100.0 and lagged.held_out_error < model.held_out_error
+    held_line = describe_selection(lagged.as_dict())[0]
+    assert "curve+lag" in held_line and "(given)" in held_line and "(chosen)" not in held_line
+
+
+@pytest.mark.parametrize(
+    ("text", "effects"),
+    [
+        ("auto", None),
+        ("linear", frozenset()),
+        ("curve+lag", frozenset({"curve", "lag"})),
+        ("step", frozenset({"step"})),
+    ],
+)
+def test_a_power_model_setting_names_effects(text: str, effects: frozenset[str] | None) -> None:
+    assert parse_effects(text) == effects
+
+
+@pytest.mark.parametrize("text", ["curve+lagg", "", "curve+", "Curve"])
+def test_an_unknown_power_model_effect_is_refused_naming_the_choices(text: str) -> None:
+    with pytest.raises(
+        ValueError, match=r"unknown power-model effect .*curve, step, context, position, lag, drift"
+    ):
+        parse_effects(text)

@@ -103,6 +103,13 @@ def finalize_command(
             "rule's where the run cannot identify it). Default: the run's."
         ),
     ] = None,
+    power_model: Annotated[
+        str | None,
+        typer.Option(
+            help="The fitted rule's model of the device: auto (chosen by the run), linear, or effects "
+            "joined by + from curve, step, context, position, lag and drift. Default: the run's."
+        ),
+    ] = None,
     baseline_w: Annotated[
         float | None,
         typer.Option(help="Idle accelerator power in watts, instead of the run's measured baseline."),
@@ -117,9 +124,13 @@ def finalize_command(
 
     try:
         result = finalize(
-            run_dir, attribution=attribution, prefill_weight=prefill_weight, baseline_w=baseline_w
+            run_dir,
+            attribution=attribution,
+            prefill_weight=prefill_weight,
+            power_model=power_model,
+            baseline_w=baseline_w,
         )
-    except (RunDirError, ValueError) as exc:  # ValueError: an unknown rule
+    except (RunDirError, ValueError) as exc:  # ValueError: an unknown rule or power-model effect
         raise fail(str(exc)) from None
     rule, own = result.summary["energy"].get("rule"), result.summary["config"]["attribution"]
     if rule is not None:

@@ -23,7 +23,7 @@ from ..records import end_ns
 from ..telemetry.base import Meter
 from .band import band, perturbed
 from .counter import VirtualCounter, counter_timing, covering, idle_power, series, virtual_counter
-from .fit import fit
+from .fit import fit, parse_effects
 from .model import PowerModel
 from .problem import Problem, design
 from .split import Segments, StepShares, Timeline, equal_segments, safe_div
@@ -37,6 +37,7 @@ DEFAULT_PREFILL_WEIGHT = 0.25  # a prompt token's work against an output token (
 class AttributionConfig:
     rule: str = "fitted"
     prefill_weight: float = DEFAULT_PREFILL_WEIGHT
+    power_model: str = "auto"  # the fitted rule's effects: chosen by the run, or given (fit.parse_effects)
     baseline_w: float | None = None  # given idle power for accelerator meters
     baseline_window_ns: tuple[int, int] | None = None  # measure idle power over this window
     session_starts_ns: tuple[int, ...] = ()  # resumed sessions: no energy counted across the gap
@@ -45,6 +46,7 @@ class AttributionConfig:
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise ValueError(f"unknown attribution rule {self.rule!r}; choose one of {', '.join(RULES)}")
+        parse_effects(self.power_model)  # raises ValueError, naming what it takes
 
 
 @dataclass
@@ -193,7 +195,7 @@ def attribute_meter(
     model, alike = None, []
     problem = Problem(vc, work.steps, baseline, config.prefill_weight, _temperature(telemetry, meter))
     if meter.accelerator and n and rule is not None:
-        model, alike = fit(problem)
+        model, alike = fit(problem, parse_effects(config.power_model))
     inputs = _Inputs(
         requests, work, equal_segments(sent, end), baseline, config.prefill_weight, model, problem.design
     )
@@ -207,7 +209,9 @@ def attribute_meter(
         chosen = rule(inputs)
         # the band's other estimates: the fitted model where the rule is not it, the candidates
         # the data cannot tell from it, and its weights moved by their standard errors
-        models = [] if model is None else [*([model] if rule is not _fitted else []), *alike, *perturbed(model)]
+        models = (
+            [] if model is None else [*([model] if rule is not _fitted else []), *alike, *perturbed(model)]
+        )
         splits = [inputs.model_split(m) for m in models]
         # one cut of the meter for every split: sorting the edges is most of the work at scale
         cuts = [s.segments for s in (chosen, *splits) if s.segments is not None]
@@ -215,11 +219,17 @@ def attribute_meter(
         energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
         others = [_apply(timeline, split)[0] for split in splits]
         error = 0.0 if model is None else model.held_out_error
-        low, high = band(timeline, [work.last_step, work.placed], [energy, *others], baseline, chosen.pooled, error)
+        low, high = band(
+            timeline, [work.last_step, work.placed], [energy, *others], baseline, chosen.pooled, error
+        )
     provenance = [base_prov if base_prov == "estimated" or imp <= 0 else "imputed" for imp in imputed_part]
     total = timeline.total
     attributed = float(energy.sum())
-    fitted = {} if model is None else model.as_dict() | {"step_time": work.steps.duration_fit, "steps": work.steps.count}
+    fitted = (
+        {}
+        if model is None
+        else model.as_dict() | {"step_time": work.steps.duration_fit, "steps": work.steps.count}
+    )
     return MeterResult(
         meter=meter.channel,
         kind=meter.kind,
@@ -261,7 +271,12 @@ def attribute(
     """
     requests = request_windows(records)
     columns: dict[str, Any] = {"request_id": requests.get_column("request_id")}
-    section: dict[str, Any] = {"rule": config.rule, "prefill_weight": config.prefill_weight, "meters": {}}
+    section: dict[str, Any] = {
+        "rule": config.rule,
+        "prefill_weight": config.prefill_weight,
+        "power_model": config.power_model,
+        "meters": {},
+    }
     work = Work.of(requests)  # inferred once: every meter's split uses the same steps
     results = [attribute_meter(telemetry, m, requests, config, work) for m in meters]
     for r in results:

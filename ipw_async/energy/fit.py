@@ -70,13 +70,17 @@ class Fit:
 
 
 def _predict(
-    theta: np.ndarray, problem: Problem, design: sparse.csr_matrix, h: np.ndarray, jac_of: np.ndarray | None = None
+    theta: np.ndarray,
+    problem: Problem,
+    design: sparse.csr_matrix,
+    h: np.ndarray,
+    jac_of: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Each interval's modelled energy (J) and, for the parameters ``jac_of`` marks, its Jacobian."""
     static, drift, step, scale, w, gamma, cap, kappa, kappa_p = theta
     decode, context, prefill, position = problem.features
     work = np.maximum(decode + kappa * context + w * (prefill + kappa_p * position), 1e-9)
-    powered = work ** gamma
+    powered = work**gamma
     raw = step + scale * powered
     below = raw < cap
     power = np.where(below, raw, cap)
@@ -98,10 +102,16 @@ def _predict(
     return energy, np.column_stack([columns[p] for i, p in enumerate(PARAMS) if jac_of[i]])
 
 
-def _bounds(problem: Problem, effects: frozenset[str], peak_w: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bounds(
+    problem: Problem, effects: frozenset[str], peak_w: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Start, lower and upper bounds of every parameter; equal bounds fix it."""
-    static0 = problem.static_w if problem.static_w is not None else float(
-        np.percentile(problem.energy[problem.usable] / np.maximum(problem.dt[problem.usable], 1e-9), 5)
+    static0 = (
+        problem.static_w
+        if problem.static_w is not None
+        else float(
+            np.percentile(problem.energy[problem.usable] / np.maximum(problem.dt[problem.usable], 1e-9), 5)
+        )
     )
     w0 = problem.default_prefill_weight
     start = np.array([static0, 0.0, 0.0, 1.0, w0, DEFAULT_EXPONENT, np.inf, 0.0, 0.0])
@@ -271,8 +281,12 @@ def _curve_starts(problem: Problem, parent: np.ndarray) -> list[np.ndarray]:
     each scaled to draw the parent's mean step power, its heaviest steps at the cap."""
     decode, context, prefill, position = problem.features
     _, _, step, scale, w, gamma, cap, kappa, kappa_p = parent
-    mean_power = float(np.mean(np.minimum(cap, step + scale * (decode + kappa * context + w * prefill) ** gamma)))
-    work = np.maximum(decode + kappa * context + problem.default_prefill_weight * (prefill + kappa_p * position), 1e-9)
+    mean_power = float(
+        np.mean(np.minimum(cap, step + scale * (decode + kappa * context + w * prefill) ** gamma))
+    )
+    work = np.maximum(
+        decode + kappa * context + problem.default_prefill_weight * (prefill + kappa_p * position), 1e-9
+    )
     starts = []
     for curvature in (0.5, 0.8, 1.1):
         start = parent.copy()
@@ -286,18 +300,38 @@ def _curve_starts(problem: Problem, parent: np.ndarray) -> list[np.ndarray]:
     return starts
 
 
-def fit(problem: Problem) -> tuple[PowerModel, list[PowerModel]]:
-    """The model the run supports, and the other candidates its data cannot tell from it."""
+def parse_effects(text: str) -> frozenset[str] | None:
+    """A ``--power-model`` setting: ``auto`` (None: chosen by the run), ``linear`` (no effect),
+    or effects joined by ``+`` (e.g. ``curve+lag``)."""
+    if text == "auto":
+        return None
+    if text == "linear":
+        return frozenset()
+    effects = frozenset(text.split("+"))
+    unknown = sorted(effects - set(EFFECTS))
+    if unknown:
+        raise ValueError(
+            f"unknown power-model effect {unknown[0]!r}: give auto, linear, or effects joined by + "
+            f"from {', '.join(EFFECTS)} (e.g. curve+lag)"
+        )
+    return effects
+
+
+def fit(problem: Problem, given: frozenset[str] | None = None) -> tuple[PowerModel, list[PowerModel]]:
+    """The model the run supports (or the ``given`` effects, fitted), and the other candidates
+    its data cannot tell from it (none for a given model: its band is its own uncertainty)."""
     intervals = int(problem.usable.sum())
     if problem.steps.count < 8 or intervals < 8:
-        static = problem.static_w if problem.static_w is not None else float(
-            np.percentile(problem.energy / np.maximum(problem.dt, 1e-9), 5)
+        static = (
+            problem.static_w
+            if problem.static_w is not None
+            else float(np.percentile(problem.energy / np.maximum(problem.dt, 1e-9), 5))
         )
         note = "too few steps or meter intervals to fit: defaults kept"
         return PowerModel(static, 1.0, problem.default_prefill_weight, intervals=intervals, notes=[note]), []
     notes = [] if problem.has_prefill else ["no prefill seen: prefill weight not identified, default kept"]
     sample = problem.window(SELECTION_INTERVALS)
-    chosen, held, alike = _select(sample, notes)
+    chosen, held, alike = _select(sample, notes) if given is None else _given(sample, given)
     if sample is not problem:
         tau = None if chosen.drift is None else chosen.drift.tau_s
         drift = None if chosen.drift is None else problem.drift(tau)
@@ -306,14 +340,36 @@ def fit(problem: Problem) -> tuple[PowerModel, list[PowerModel]]:
             f"model chosen over the {sample.energy.size} meter intervals mid-run, then fitted to all {intervals}"
         )
     model = _model(problem, chosen, notes)
-    model.selection = {
-        "rule": f"blocked cross-validation over {FOLDS} stretches of the run; an effect is kept where it "
+    rule = (
+        f"blocked cross-validation over {FOLDS} stretches of the run; an effect is kept where it "
         f"predicts held-out meter intervals at least {MIN_GAIN:.0%} better, and significantly (in a run of "
-        f"fewer than {PAIRS_BELOW} intervals, two together where neither earns it alone)",
+        f"fewer than {PAIRS_BELOW} intervals, two together where neither earns it alone)"
+    )
+    model.selection = {
+        "rule": rule if given is None else "given (--power-model); held-out errors beside linear work's",
+        "given": given is not None,
         "held_out_error": {_name(e): _rmse(v) for e, v in held.items()},
         "indistinguishable": [_name(f.effects) for f in alike],
     }
     return model, [_model(sample, f, []) for f in alike]
+
+
+def _given(
+    problem: Problem, effects: frozenset[str]
+) -> tuple[Fit, dict[frozenset[str], np.ndarray], list[Fit]]:
+    """The ``effects`` asked for, fitted as the selection would reach them (an effect at a time,
+    each fit starting from the last), with its held-out errors and linear work's to compare."""
+    current: frozenset[str] = frozenset()
+    chosen = _fit(problem, current, problem.usable, [_bounds(problem, current, 1.0)[0]])
+    linear = chosen
+    for effect in (e for e in EFFECTS if e in effects):
+        current |= {effect}
+        starts = [chosen.theta, *(_curve_starts(problem, chosen.theta) if "curve" in current else [])]
+        chosen = _fit(problem, current, problem.usable, starts)
+    held = {}
+    if int(problem.usable.sum()) >= FOLDS * MIN_FOLD_INTERVALS:
+        held = {fit.effects: _held_out(problem, fit) for fit in (linear, chosen)}
+    return chosen, held, []
 
 
 def _select(problem: Problem, notes: list[str]) -> tuple[Fit, dict[frozenset[str], np.ndarray], list[Fit]]:
@@ -343,7 +399,9 @@ def _select(problem: Problem, notes: list[str]) -> tuple[Fit, dict[frozenset[str
         r2 = _model(problem, fits[frozenset({"curve"})], []).r2
         if r2 is not None and r2 >= MIN_R2:
             current = frozenset({"curve"})
-        notes.append(f"{intervals} meter intervals: too few to compare models out of sample, R² {r2 or 0:.2f}")
+        notes.append(
+            f"{intervals} meter intervals: too few to compare models out of sample, R² {r2 or 0:.2f}"
+        )
         return fits[current], held, []
 
     def earned(candidates: list[frozenset[str]], tried: int) -> frozenset[str] | None:

@@ -16,6 +16,7 @@ from typing import Any
 from .._options import option
 from ..client import ClientConfig
 from ..energy import RULES
+from ..energy.fit import parse_effects
 from ..errors import RunError
 from ..load import ARRIVALS, LoadSpec
 from ..scoring import SCORERS
@@ -312,6 +313,15 @@ class RunConfig:
             panel=ENERGY,
         ),
     )
+    power_model: str = field(
+        default="auto",
+        metadata=option(
+            "The fitted rule's model of the device: auto (each effect kept where it predicts held-out "
+            "meter intervals better), linear, or effects joined by + from curve, step, context, "
+            "position, lag and drift (e.g. curve+lag), when you know what your device does.",
+            panel=ENERGY,
+        ),
+    )
     output_dir: Path | None = field(
         default=None,
         metadata=option(
@@ -406,6 +416,7 @@ class RunConfig:
         try:
             ToolLatency.parse(self.tool_latency)
             self.prices()
+            parse_effects(self.power_model)
         except ValueError as exc:
             raise RunError(str(exc)) from None
         return spec
