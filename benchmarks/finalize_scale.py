@@ -26,7 +26,7 @@ k = 0, 1, 2, … times, each copy ``k × span`` later on the run clock:
   the seed's last grid, so a copy's grid continues the one before it.
 
 Each file keeps the seed's Arrow schema and is written as the harness writes it (an Arrow IPC
-stream through ``ipw_async.files.StreamWriter``). Every timed call starts from the same
+stream through ``ipw_async.rundir.files.StreamWriter``). Every timed call starts from the same
 pristine files (copied back in, outside the timing), as a finished run leaves them, and is
 checked: it must finish and its summary must count N requests, all succeeded and on disk.
 
@@ -72,7 +72,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from ipw_async import RunConfig, files, finalize, run_benchmark
+from ipw_async import RunConfig, finalize, run_benchmark
+from ipw_async.rundir import files
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
 from ipw_async.telemetry.cadence import CounterGrid, chained
 
