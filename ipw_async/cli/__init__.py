@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from . import agent, analysis, run
+from . import agent, analysis, run, search
 from ._common import Debug, err
 
 app = typer.Typer(
@@ -31,6 +31,7 @@ def _main(
 run.register(app)
 analysis.register(app)
 agent.register(app)
+search.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,299 @@
+"""``search``: the most load a server takes within its SLOs, and what a query costs there.
+
+Probes are runs: load doubles from ``start`` until a probe breaks an SLO (or halves until one
+meets them all), then each next probe goes where the monotone fit of the probes' margins puts
+the boundary (:mod:`..analysis.search`), until the bracket between the most load that met every
+SLO and the least that did not, and the boundary's bootstrap interval, are both within
+``precision`` of it, or the probes run out. Each probe is a run directory ``<out_dir>/<level>_r0``
+(so ``analyze`` and ``plot`` work on it); the search's own files go to ``<out_dir>/search/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..analysis.headline import headline_figures
+from ..analysis.plotting import PlotReport
+from ..analysis.rundir import load_run
+from ..analysis.search import BOOTSTRAP, Boundary, Slo, boundary, boundary_interval, margins
+from ..analysis.search_plot import plot_search
+from ..analysis.sweep import Level
+from ..errors import RunError
+from ..load import LoadSpec
+from ..rundir import files
+from ..rundir.manifest import slug
+from .config import RunConfig
+from .live import Display, run_benchmark
+from .sweep import level_config
+
+
+@dataclass
+class Probe:
+    """One load level run, and how it stood against the SLOs."""
+
+    load: float
+    run_dir: Path
+    status: str = "failed"  # ok, failed (the run raised) or interrupted
+    error: str | None = None
+    margins: dict[str, float] = field(default_factory=dict)
+    replicates: np.ndarray | None = None  # bootstrap × SLO
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tightest(self) -> float:
+        return min(self.margins.values(), default=-math.inf)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "ok" and self.tightest >= 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "load": self.load,
+            "run_dir": str(self.run_dir),
+            "status": self.status,
+            "error": self.error,
+            "passed": self.passed,
+            "margins": {k: (v if math.isfinite(v) else None) for k, v in self.margins.items()},
+            "figures": self.figures,
+        }
+
+
+@dataclass
+class SearchResult:
+    out_dir: Path
+    mode: str  # concurrency or rate
+    slos: list[Slo]
+    probes: list[Probe]
+    boundary: Boundary
+    interval: tuple[float, float] | None
+    stop: str
+    summary: dict[str, Any]
+    interrupted: bool = False
+    plots: PlotReport = field(default_factory=PlotReport)
+
+    @property
+    def search_dir(self) -> Path:
+        return self.out_dir / "search"
+
+
+def default_search_dir(base: RunConfig) -> Path:
+    """``<runs root>/search_<UTC time>_<model or sim>``."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    name = base.model or ("sim" if base.base_url is None else "server")
+    return base.runs_root / f"search_{stamp}_{slug(name)}"
+
+
+def _level(mode: str, load: float) -> Level:
+    if mode == "concurrency":
+        return Level(LoadSpec(concurrency=int(load)).label, load, int(load), None)
+    return Level(f"rate{LoadSpec(rate=load).rate:g}", load, None, load)
+
+
+def _fitted(probes: list[Probe]) -> tuple[Boundary, tuple[float, float] | None]:
+    """The boundary over the probes that ran, and its bootstrap interval."""
+    ran = [p for p in probes if p.replicates is not None]  # a failed probe broke every SLO
+    if not ran:
+        return Boundary(None, None, None, False), None
+    loads = np.array([p.load for p in ran])
+    found = boundary(loads, np.array([p.tightest for p in ran]))
+    if found.estimate is None:
+        return found, None
+    replicates = [p.replicates.min(axis=1) for p in ran if p.replicates is not None]
+    return found, boundary_interval(loads, replicates)
+
+
+def _next_load(mode: str, found: Boundary, probed: set[float]) -> float | None:
+    """Where to probe next: the fitted boundary, else the bracket's middle (geometric); None
+    where nothing untried lies strictly inside the bracket."""
+    assert found.feasible_max is not None and found.infeasible_min is not None
+    lo, hi = found.feasible_max, found.infeasible_min
+    middle = math.sqrt(lo * hi)
+    for candidate in (found.estimate, middle):
+        if candidate is None:
+            continue
+        load = float(round(candidate)) if mode == "concurrency" else float(f"{candidate:.3g}")
+        if lo < load < hi and load not in probed:
+            return load
+    return None
+
+
+def run_search(
+    base: RunConfig,
+    slos: list[Slo],
+    *,
+    mode: str = "concurrency",
+    start: float = 1.0,
+    max_load: float = 1024.0,
+    precision: float = 0.1,
+    max_probes: int = 10,
+    out_dir: Path,
+    display: Display | None = None,
+    progress: Callable[[Probe, int], None] | None = None,
+) -> SearchResult:
+    """Search for the most load within ``slos``; blocking. Raises ValueError for bad arguments."""
+    if not slos:
+        raise ValueError("give at least one --slo, e.g. --slo ttft_p99=500ms")
+    if mode not in ("concurrency", "rate"):
+        raise ValueError("search over concurrency or rate")
+    if not 0 < start <= max_load or (mode == "concurrency" and start < 1):
+        raise ValueError("--start must be positive (at least 1 stream) and at most --max-load")
+    if not 0 < precision < 1:
+        raise ValueError("--precision is a share of the boundary, between 0 and 1 (e.g. 0.1)")
+    if max_probes < 2:
+        raise ValueError("--max-probes must be at least 2")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    probes: list[Probe] = []
+    interrupted = False
+
+    def probe(load: float) -> Probe:
+        nonlocal interrupted
+        config = level_config(base, _level(mode, load), 0, out_dir)
+        assert config.output_dir is not None
+        p = Probe(load, config.output_dir)
+        probes.append(p)
+        try:
+            asyncio.run(run_benchmark(config, display))
+            p.status = "ok"
+        except RunError as exc:
+            if not probes[:-1]:  # the first probe: the server or the options are wrong, not the load
+                raise
+            p.error = str(exc)  # the server fell over under this load: every SLO broken
+            p.margins = {slo.name: -math.inf for slo in slos}
+            p.replicates = np.full((BOOTSTRAP, len(slos)), -math.inf)
+        except KeyboardInterrupt:
+            p.status, p.error, interrupted = "interrupted", "stopped by Ctrl-C", True
+        if p.status == "ok":
+            run = load_run(p.run_dir)
+            point, boot = margins(slos, run.records, seed=base.seed + len(probes))
+            p.margins = {slo.name: float(m) for slo, m in zip(slos, point, strict=True)}
+            p.replicates = boot
+            p.figures = headline_figures(run) | _band(run.ok)
+        if progress is not None:
+            progress(p, len(probes))
+        return p
+
+    stop = _bracket(probe, mode, start, max_load, max_probes, lambda: interrupted)
+    while stop is None:
+        if interrupted:
+            stop = "stopped by Ctrl-C"
+            break
+        found, interval = _fitted(probes)
+        if found.estimate is None:
+            stop = "no boundary in the probes"
+            break
+        assert found.feasible_max is not None and found.infeasible_min is not None
+        bracket = (found.infeasible_min - found.feasible_max) / found.estimate
+        width = None if interval is None else (interval[1] - interval[0]) / found.estimate
+        if bracket <= precision and width is not None and width <= precision:
+            stop = f"the bracket and the boundary's interval are within {precision:.0%}"
+            break
+        load = _next_load(mode, found, {p.load for p in probes})
+        if load is None:
+            stop = "the bracket holds no untried load (adjacent concurrencies)"
+            break
+        if len(probes) >= max_probes:
+            stop = f"--max-probes ({max_probes}) reached"
+            break
+        probe(load)
+    found, interval = _fitted(probes)
+    summary = _summary(mode, slos, probes, found, interval, stop, base)
+    result = SearchResult(out_dir, mode, slos, probes, found, interval, stop, summary, interrupted)
+    result.search_dir.mkdir(parents=True, exist_ok=True)
+    files.write_json(result.search_dir / "search.json", summary)
+    result.plots = plot_search(summary, result.search_dir, simulated=base.base_url is None)
+    return result
+
+
+def _bracket(
+    probe: Callable[[float], Probe],
+    mode: str,
+    start: float,
+    max_load: float,
+    max_probes: int,
+    stopped: Callable[[], bool],
+) -> str | None:
+    """Double from ``start`` until a probe breaks an SLO, or halve until one meets them all;
+    a reason to stop where no bracket can be had, else None."""
+    first = probe(start)
+    if stopped():
+        return "stopped by Ctrl-C"
+    step = 2.0 if first.passed else 0.5
+    load, count = start, 1
+    floor = 1.0 if mode == "concurrency" else start / 64
+    while True:
+        nxt = min(load * step, max_load) if step > 1 else max(load * step, floor)
+        if nxt == load:
+            return (
+                f"every probe met the SLOs, up to --max-load {max_load:g}"
+                if step > 1
+                else "every probe broke an SLO, down to the least load"
+            )
+        if count >= max_probes:
+            return f"--max-probes ({max_probes}) reached before a bracket"
+        load = float(round(nxt)) if mode == "concurrency" else nxt
+        p = probe(load)
+        count += 1
+        if stopped():
+            return "stopped by Ctrl-C"
+        if p.passed != first.passed:
+            return None
+
+
+def _band(ok: Any) -> dict[str, Any]:
+    """The mean of each query's energy band: J/query's least and most."""
+    if "energy_low_j" not in ok.columns or ok.is_empty():
+        return {"j_per_query_low": None, "j_per_query_high": None}
+    return {
+        "j_per_query_low": ok.get_column("energy_low_j").mean(),
+        "j_per_query_high": ok.get_column("energy_high_j").mean(),
+    }
+
+
+def _summary(
+    mode: str,
+    slos: list[Slo],
+    probes: list[Probe],
+    found: Boundary,
+    interval: tuple[float, float] | None,
+    stop: str,
+    base: RunConfig,
+) -> dict[str, Any]:
+    at = next((p for p in probes if p.status == "ok" and p.load == found.feasible_max), None)
+    binding = None if at is None else min(at.margins, key=lambda k: at.margins[k])
+    energy_keys = (
+        "j_per_query",
+        "j_per_query_low",
+        "j_per_query_high",
+        "j_per_token",
+        "ipj",
+        "throughput_tok_s",
+    )
+    return {
+        "mode": mode,
+        "slos": [{"slo": s.text, "name": s.name, "limit": s.limit} for s in slos],
+        "boundary": {
+            "estimate": found.estimate,
+            "interval95": list(interval) if interval else None,
+            "feasible_max": found.feasible_max,
+            "infeasible_min": found.infeasible_min,
+            "binding_slo": binding,
+            "cliff": found.cliff,
+        },
+        # measured at the most load that met every SLO, not interpolated
+        "at_feasible_max": None
+        if at is None
+        else {k: at.figures.get(k) for k in energy_keys} | {"run_dir": str(at.run_dir)},
+        "stop": stop,
+        "probes": [p.as_dict() for p in probes],
+        "simulated": base.base_url is None,
+        "config": base.public(),
+    }
