@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 
 from ..analysis.headline import headline_figures
 from ..analysis.plotting import PlotReport
@@ -248,7 +249,7 @@ def _bracket(
             return None
 
 
-def _band(ok: Any) -> dict[str, Any]:
+def _band(ok: pl.DataFrame) -> dict[str, Any]:
     """The mean of each query's energy band: J/query's least and most."""
     if "energy_low_j" not in ok.columns or ok.is_empty():
         return {"j_per_query_low": None, "j_per_query_high": None}
