@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 import ipw_async
+from ipw_async.client import ClientConfig, StreamingClient
 from ipw_async.harness import RunConfig
+from ipw_async.records import RequestRecord
 from ipw_async.sim import EngineConfig, Faults, SimConfig, SimulatorProcess
+from ipw_async.transport.scripted import Reply, ScriptedNetwork
 
 # A fresh checkout compiles each module the first time a run imports it, mid-run: compiled
 # first, that cannot hold up the accuracy tests (the first of them, on a fresh CI clone, saw
@@ -48,3 +51,24 @@ def quick_config(tmp_path: Path, **overrides: object) -> RunConfig:
     for key, value in overrides.items():
         setattr(config, key, value)
     return config
+
+
+async def scripted_send(*replies: Reply, request_id: int = 0) -> tuple[RequestRecord, ScriptedNetwork]:
+    """One request through the real client, transport and parser, answered by ``replies`` on
+    a scripted network and clock (ns since the request went out)."""
+    network = ScriptedNetwork(*replies)
+    client = StreamingClient(
+        ClientConfig(base_url="http://server.test/v1", max_connections=2), 0, network, network.clock
+    )
+    record = RequestRecord(request_id=request_id, query_id="q", dataset="d", prompt="p")
+    try:
+        await client.send(record, b"{}")
+    finally:
+        await client.aclose()
+    return record, network
+
+
+async def stream_record(events: list[tuple[int, bytes]], end_ns: int | None = None) -> RequestRecord:
+    """A record filled from a scripted event stream, each event in its own chunk at its time."""
+    record, _ = await scripted_send(Reply.sse(events, end_ns=end_ns))
+    return record

@@ -12,7 +12,6 @@ import polars as pl
 import pytest
 
 from ipw_async import QueryTrace, RunError, run_benchmark
-from ipw_async.client import apply_events
 from ipw_async.records import RequestRecord
 from ipw_async.workload.agentic import INVALID_FORMAT, Agentic, ReAct, ToolCalling
 from ipw_async.workload.conversations import load_conversations
@@ -29,7 +28,7 @@ from ipw_async.workload.tools import (
     lookup,
 )
 
-from .conftest import quick_config
+from .conftest import quick_config, stream_record
 
 
 def _sse(delta: dict[str, object], finish: str | None = None) -> bytes:
@@ -38,7 +37,7 @@ def _sse(delta: dict[str, object], finish: str | None = None) -> bytes:
     )
 
 
-def test_streamed_tool_calls_are_assembled_exactly() -> None:
+async def test_streamed_tool_calls_are_assembled_exactly() -> None:
     events = [
         _sse({"role": "assistant", "content": ""}),
         _sse(
@@ -65,8 +64,7 @@ def test_streamed_tool_calls_are_assembled_exactly() -> None:
         _sse({}, finish="tool_calls"),
         b"data: [DONE]",
     ]
-    record = RequestRecord(0, "q", "d", "p", sent_ns=0)
-    apply_events(record, [(i * 1000, e) for i, e in enumerate(events)])
+    record = await stream_record([(i * 1000, e) for i, e in enumerate(events)])
     assert record.tool_calls == [
         {"id": "call_a", "name": "calculator", "arguments": '{"expression": "2 + 3"}'},
         {"id": "call_b", "name": "lookup", "arguments": '{"key": "x"}'},

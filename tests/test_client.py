@@ -7,10 +7,14 @@ import json
 import pytest
 
 from ipw_async._clock import now_ns
-from ipw_async.client import ClientConfig, ServerUnreachable, StreamingClient, apply_events, list_models
+from ipw_async.client import ClientConfig, ServerUnreachable, StreamingClient, list_models
 from ipw_async.records import ErrorType, RequestRecord, Status, record_row
 from ipw_async.sim import SimulatorProcess
+from ipw_async.transport.scripted import Reply, ScriptedNetwork, chunk
+from ipw_async.workload.body import BodyDefaults, prompt_fields
 from ipw_async.workload.datasets import Query
+
+from .conftest import scripted_send, stream_record
 
 MS = 1_000_000
 
@@ -31,25 +35,25 @@ def usage_event(prompt: int, completion: int) -> bytes:
     return b"data: " + json.dumps(body).encode()
 
 
-def scripted() -> RequestRecord:
-    record = RequestRecord(request_id=0, query_id="q", dataset="d", prompt="p", sent_ns=0)
-    events = [
-        (5 * MS, chat_event(role=True, content="")),  # role-only: not a token
-        (40 * MS, chat_event("Hello")),
-        (55 * MS, chat_event(" world")),
-        (85 * MS, chat_event("!")),
-        (90 * MS, chat_event(finish="stop")),
-        (91 * MS, usage_event(12, 3)),  # usage-only: not a token
-        (92 * MS, b"data: [DONE]"),
-    ]
-    apply_events(record, events)
-    record.closed_ns = 93 * MS
-    return record
+async def scripted() -> RequestRecord:
+    return await stream_record(
+        [
+            (5 * MS, chat_event(role=True, content="")),  # role-only: not a token
+            (40 * MS, chat_event("Hello")),
+            (55 * MS, chat_event(" world")),
+            (85 * MS, chat_event("!")),
+            (90 * MS, chat_event(finish="stop")),
+            (91 * MS, usage_event(12, 3)),  # usage-only: not a token
+            (92 * MS, b"data: [DONE]"),
+        ],
+        end_ns=93 * MS,
+    )
 
 
-def test_metric_definitions_on_scripted_events() -> None:
-    record = scripted()
+async def test_metric_definitions_on_scripted_events() -> None:
+    record = await scripted()
     assert record.status is Status.OK
+    assert record.sent_ns == 0 and record.headers_ns == 5 * MS
     assert record.first_event_ns == 5 * MS
     assert record.ttft_s == pytest.approx(0.040)  # the role-only chunk did not count
     assert record.e2e_latency_s == pytest.approx(0.085)  # last token chunk, not [DONE]
@@ -63,45 +67,178 @@ def test_metric_definitions_on_scripted_events() -> None:
     assert record.finish_reason == "stop"
 
 
-def test_no_token_gives_null_ttft_not_zero() -> None:
-    record = RequestRecord(request_id=0, query_id="q", dataset="d", prompt="p", sent_ns=0)
-    apply_events(
-        record, [(3 * MS, chat_event(role=True)), (4 * MS, usage_event(5, 0)), (5 * MS, b"data: [DONE]")]
+async def test_no_token_gives_null_ttft_not_zero() -> None:
+    record = await stream_record(
+        [(3 * MS, chat_event(role=True)), (4 * MS, usage_event(5, 0)), (5 * MS, b"data: [DONE]")]
     )
     assert record.ttft_s is None and record.e2e_latency_s is None and record.tpot_s is None
     assert record.output_tokens == 0
     assert record_row(record)["ttft_s"] is None
 
 
-def test_one_token_has_no_tpot() -> None:
-    record = RequestRecord(request_id=0, query_id="q", dataset="d", prompt="p", sent_ns=0)
-    apply_events(record, [(3 * MS, chat_event("x")), (4 * MS, usage_event(5, 1)), (5 * MS, b"data: [DONE]")])
+async def test_one_token_has_no_tpot() -> None:
+    record = await stream_record(
+        [(3 * MS, chat_event("x")), (4 * MS, usage_event(5, 1)), (5 * MS, b"data: [DONE]")]
+    )
     assert record.ttft_s == pytest.approx(0.003)
     assert record.tpot_s is None
 
 
-def test_error_object_inside_http_200_stream_is_a_failure() -> None:
-    record = RequestRecord(request_id=0, query_id="q", dataset="d", prompt="p", sent_ns=0)
+async def test_error_object_inside_http_200_stream_is_a_failure() -> None:
     error = b'data: {"error": {"message": "engine died", "type": "server_error"}}'
-    apply_events(record, [(3 * MS, chat_event("x")), (4 * MS, error)])
+    record = await stream_record([(3 * MS, chat_event("x")), (4 * MS, error)])
     assert record.status is Status.ERROR
     assert record.error_type is ErrorType.STREAM
     assert "engine died" in (record.error_message or "")
 
 
-def test_stream_ending_without_done_or_finish_is_a_disconnect() -> None:
-    record = RequestRecord(request_id=0, query_id="q", dataset="d", prompt="p", sent_ns=0)
-    apply_events(record, [(3 * MS, chat_event("x"))])
+async def test_stream_ending_without_done_or_finish_is_a_disconnect() -> None:
+    record = await stream_record([(3 * MS, chat_event("x"))])
     assert record.status is Status.ERROR and record.error_type is ErrorType.DISCONNECT
 
 
-def test_malformed_event_is_recorded() -> None:
-    record = RequestRecord(request_id=0, query_id="q", dataset="d", prompt="p", sent_ns=0)
-    apply_events(
-        record, [(3 * MS, b'data: {"choices": [{"delta": '), (4 * MS, chat_event("x", finish="stop"))]
+async def test_malformed_event_is_recorded() -> None:
+    record = await stream_record(
+        [(3 * MS, b'data: {"choices": [{"delta": '), (4 * MS, chat_event("x", finish="stop"))]
     )
     assert record.error_type is ErrorType.MALFORMED
     assert record.answer == "x"  # the rest of the stream is still read
+
+
+async def test_an_event_of_the_wrong_shape_says_where() -> None:
+    record = await stream_record(
+        [(3 * MS, b'data: {"choices": [{"index": "zero"}]}'), (4 * MS, b"data: [DONE]")]
+    )
+    assert record.error_type is ErrorType.MALFORMED
+    assert "choices[0].index" in (record.error_message or "")
+
+
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+async def test_an_event_split_across_reads_has_the_time_of_the_read_that_completed_it() -> None:
+    first, second = chat_event("Hello") + b"\n\n", chat_event(" you", finish="stop") + b"\n\n"
+    body = chunk(first[:20]) + chunk(first[20:] + second[:7])
+    record, _ = await scripted_send(
+        Reply(
+            [
+                (1 * MS, STREAM_HEAD),
+                (10 * MS, body[:9]),
+                (20 * MS, body[9:]),
+                (30 * MS, chunk(second[7:]) + b"0\r\n\r\n"),
+            ]
+        )
+    )
+    assert record.status is Status.OK, record.error_message
+    assert record.chunk_ns == [20 * MS, 30 * MS]
+    assert record.answer == "Hello you"
+
+
+async def test_many_events_in_one_read_share_its_time() -> None:
+    events = b"".join(chat_event(w) + b"\n\n" for w in ("a", "b", "c")) + b"data: [DONE]\n\n"
+    record, _ = await scripted_send(Reply([(2 * MS, STREAM_HEAD + chunk(events) + b"0\r\n\r\n")]))
+    assert record.chunk_ns == [2 * MS] * 3 and record.answer == "abc"
+
+
+async def test_a_character_split_between_chunks_and_crlf_line_ends_survive() -> None:
+    raw = json.dumps(
+        {"choices": [{"index": 0, "delta": {"content": "héllo 世界"}, "finish_reason": "stop"}]},
+        ensure_ascii=False,
+    )
+    wire = b"data: " + raw.encode() + b"\r\n\r\n"
+    cut = wire.index("世".encode()) + 1  # inside the character's three bytes
+    record, _ = await scripted_send(
+        Reply(
+            [
+                (1 * MS, STREAM_HEAD + chunk(wire[:cut])),
+                (2 * MS, chunk(wire[cut:-1])),
+                (3 * MS, chunk(wire[-1:]) + b"0\r\n\r\n"),
+            ]
+        )
+    )
+    assert record.status is Status.OK, record.error_message
+    # the CR that ended the second read waited for its LF: the event completed at 3 ms
+    assert record.answer == "héllo 世界" and record.chunk_ns == [3 * MS]
+
+
+async def test_a_server_closing_mid_event_keeps_what_came_before() -> None:
+    record, _ = await scripted_send(
+        Reply(
+            [(1 * MS, STREAM_HEAD + chunk(chat_event("one") + b"\n\n")), (2 * MS, chunk(b'data: {"cho'))],
+            close=True,
+        )
+    )
+    assert record.status is Status.ERROR and record.error_type is ErrorType.DISCONNECT
+    assert record.answer == "one" and record.chunk_ns == [1 * MS]
+    assert record.closed_ns == 2 * MS
+
+
+async def test_an_http_1_0_body_ends_at_the_close() -> None:
+    head = b"HTTP/1.0 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
+    events = chat_event("x", finish="stop") + b"\n\ndata: [DONE]\n\n"
+    record, _ = await scripted_send(Reply([(1 * MS, head), (4 * MS, events)], close=True))
+    assert record.status is Status.OK, record.error_message
+    assert record.answer == "x" and record.chunk_ns == [4 * MS]
+
+
+async def test_a_body_that_ignores_stream_true_is_named() -> None:
+    record, _ = await scripted_send(Reply.body(200, b'{"choices": [{"message": {"content": "hi"}}]}'))
+    assert record.error_type is ErrorType.NOT_STREAMING and "ignored stream=true" in (
+        record.error_message or ""
+    )
+
+
+async def test_an_error_status_keeps_the_servers_message() -> None:
+    record, _ = await scripted_send(Reply.body(429, b'{"error": {"message": "slow down"}}'))
+    assert record.http_status == 429 and record.error_type is ErrorType.HTTP
+    assert record.error_message == "HTTP 429: slow down"
+
+
+async def test_a_request_sent_as_the_server_closed_a_pooled_connection_is_sent_again() -> None:
+    done = [(1 * MS, chat_event("x", finish="stop")), (2 * MS, b"data: [DONE]")]
+    network = ScriptedNetwork(Reply.sse(done), Reply.hang_up(), Reply.sse(done))
+    client = StreamingClient(ClientConfig(base_url="http://s.test/v1"), 0, network, network.clock)
+    records = [RequestRecord(request_id=i, query_id="q", dataset="d", prompt="p") for i in range(2)]
+    for record in records:
+        await client.send(record, b"{}")
+    await client.aclose()
+    assert [r.status for r in records] == [Status.OK, Status.OK]
+    assert [r.reconnects for r in records] == [0, 1]
+    assert network.opened == 2 and len(network.requests) == 3
+
+
+async def test_a_hang_up_after_the_request_could_have_run_is_an_outcome() -> None:
+    done = [(1 * MS, chat_event("x", finish="stop")), (2 * MS, b"data: [DONE]")]
+    late = Reply.hang_up(at_ns=200 * MS)  # long enough for a server to have run it
+    network = ScriptedNetwork(Reply.sse(done), late, Reply.sse(done))
+    client = StreamingClient(ClientConfig(base_url="http://s.test/v1"), 0, network, network.clock)
+    records = [RequestRecord(request_id=i, query_id="q", dataset="d", prompt="p") for i in range(2)]
+    for record in records:
+        await client.send(record, b"{}")
+    await client.aclose()
+    assert records[1].status is Status.ERROR and records[1].error_type is ErrorType.DISCONNECT
+    assert records[1].reconnects == 0 and "without a response" in (records[1].error_message or "")
+
+
+async def test_a_refused_connection_is_a_connect_error() -> None:
+    network = ScriptedNetwork(refuse=True)
+    client = StreamingClient(ClientConfig(base_url="http://s.test/v1"), 0, network, network.clock)
+    record = RequestRecord(request_id=0, query_id="q", dataset="d", prompt="p")
+    await client.send(record, b"{}")
+    assert record.error_type is ErrorType.CONNECT and "Connection refused" in (record.error_message or "")
+
+
+async def test_the_request_carries_the_key_and_id_but_the_record_never_the_key() -> None:
+    network = ScriptedNetwork(Reply.sse([(1 * MS, chat_event("x", finish="stop"))]))
+    config = ClientConfig(base_url="http://s.test/v1", api_key="sk-secret-123")
+    client = StreamingClient(config, 0, network, network.clock)
+    record = RequestRecord(request_id=7, query_id="q", dataset="d", prompt="p")
+    await client.send(record, b'{"model": "m"}')
+    head, _, body = network.requests[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\nhost: s.test\r\n")
+    assert b"authorization: Bearer sk-secret-123" in head and b"x-ipw-request-id: 7" in head
+    assert body == b'{"model": "m"}' and b"content-length: 14" in head
+    assert "sk-secret" not in json.dumps(record_row(record), default=str)
 
 
 async def _send(base_url: str, query: Query, request_id: int = 0, **client: object) -> RequestRecord:
@@ -109,7 +246,9 @@ async def _send(base_url: str, query: Query, request_id: int = 0, **client: obje
     c = StreamingClient(ClientConfig(base_url=base_url, max_connections=4, **client), t0)  # type: ignore[arg-type]
     try:
         record = RequestRecord(request_id=request_id, query_id=query.id, dataset="t", prompt=query.prompt)
-        await c.send(record, c.payload("sim-small", c.prompt_fields(query.prompt), query.max_tokens))
+        await c.send(
+            record, BodyDefaults("sim-small").encode(prompt_fields(query.prompt, True), query.max_tokens)
+        )
         return record
     finally:
         await c.aclose()
@@ -132,7 +271,7 @@ async def test_http_error_is_recorded(sim: SimulatorProcess) -> None:
     t0 = now_ns()
     c = StreamingClient(ClientConfig(base_url=sim.base_url, max_connections=2), t0)
     record = RequestRecord(request_id=1, query_id="a", dataset="t", prompt="x")
-    await c.send(record, c.payload("no-such-model", c.prompt_fields("x")))
+    await c.send(record, BodyDefaults("no-such-model").encode(prompt_fields("x", True)))
     await c.aclose()
     assert record.status is Status.ERROR and record.error_type is ErrorType.HTTP
     assert record.http_status == 404 and "does not exist" in (record.error_message or "")
@@ -176,23 +315,3 @@ async def test_api_key_is_sent_as_bearer_but_never_in_repr(sim: SimulatorProcess
     config = ClientConfig(base_url=sim.base_url, api_key="sk-secret-123")
     assert "sk-secret" not in repr(config)
     assert await list_models(sim.base_url, "sk-secret-123") == ["sim-small"]
-
-
-def test_only_a_request_that_never_ran_is_sent_again() -> None:
-    from ipw_async.client import _describe, _stale
-
-    def chained(outer: Exception, inner: BaseException) -> Exception:
-        outer.__cause__ = inner
-        return outer
-
-    import aiohttp
-    import httpx
-
-    closing = chained(
-        httpx.ConnectTimeout("Can not write request body"), aiohttp.ClientConnectionResetError("closing")
-    )
-    hung_up = chained(httpx.ConnectTimeout("Server disconnected"), aiohttp.ServerDisconnectedError())
-    assert _stale(closing, quick=False)
-    assert _stale(hung_up, quick=True)  # a hang-up at once, with no response: a stale connection
-    assert not _stale(hung_up, quick=False)  # later, the server may have run it: an outcome
-    assert _describe(hung_up).startswith("ServerDisconnectedError")  # not httpx's ConnectTimeout

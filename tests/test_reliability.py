@@ -23,6 +23,7 @@ from ipw_async import RunConfig, read_arrow, run_benchmark
 from ipw_async.client import ClientConfig, StreamingClient
 from ipw_async.records import ErrorType, RequestRecord, Status
 from ipw_async.sim import FAULT_OUTCOMES, Faults, SimConfig, SimulatorProcess
+from ipw_async.workload.body import BodyDefaults, prompt_fields
 
 from .conftest import fast_engine, quick_config
 
@@ -202,7 +203,7 @@ async def _send(base_url: str, read_timeout: float = 5.0) -> RequestRecord:
     client = StreamingClient(ClientConfig(base_url=base_url, read_timeout=read_timeout), 0)
     record = RequestRecord(request_id=0, query_id="q", dataset="t", prompt="p")
     try:
-        await client.send(record, client.payload("m", client.prompt_fields("p")))
+        await client.send(record, BodyDefaults("m").encode(prompt_fields("p", chat=True)))
     finally:
         await client.aclose()
     return record

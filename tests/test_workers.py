@@ -21,6 +21,7 @@ from ipw_async.harness.worker_protocol import Kept, Renumbering, Started, TaskDo
 from ipw_async.harness.workers import WorkerPool, auto_workers
 from ipw_async.records import RequestRecord
 from ipw_async.workload import Query, Requests, TaskLog, WorkUnit
+from ipw_async.workload.body import BodyDefaults, prompt_fields
 
 from .conftest import quick_config
 
@@ -210,7 +211,7 @@ class OneRequest:
 
     async def perform(self, unit: WorkUnit, requests: Requests, scheduled_ns: int) -> None:
         record = requests.new_record(unit, scheduled_ns, unit.query.prompt)
-        await requests.request(record, requests.body(unit.query))
+        await requests.request(record, requests.payload(prompt_fields(unit.query.prompt, chat=True)))
 
 
 async def test_a_report_the_coordinator_cannot_apply_stops_the_run_instead_of_hanging_it() -> None:
@@ -218,7 +219,7 @@ async def test_a_report_the_coordinator_cannot_apply_stops_the_run_instead_of_ha
     # silently, leaving every unit waiting and close() spinning
     run = Heard(refuse_records=True)
     client = ClientConfig(base_url="http://127.0.0.1:1/v1", connect_timeout=2.0)  # nothing listens
-    pool = WorkerPool(run, WorkerSetup(OneRequest(), client, now_ns(), "m", None, 0), count=1)
+    pool = WorkerPool(run, WorkerSetup(OneRequest(), client, now_ns(), BodyDefaults("m"), None, 0), count=1)
     await pool.start()
     try:
         unit = next(OneRequest().units(1, False))

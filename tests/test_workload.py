@@ -35,7 +35,8 @@ class AskTwice:
         self.performed.append(unit.unit_id)
         for prompt in (unit.query.prompt, f"{unit.query.prompt} Are you sure?"):
             record = requests.new_record(unit, scheduled_ns, prompt)
-            await requests.request(record, requests.body(Query(unit.query.id, prompt, max_tokens=8)))
+            messages = [{"role": "user", "content": prompt}]
+            await requests.request(record, requests.payload({"messages": messages}, max_tokens=8))
 
 
 async def test_a_custom_workload_runs_through_the_seam(tmp_path: Path, sim: SimulatorProcess) -> None:

@@ -23,6 +23,7 @@ from ..scoring import SCORERS
 from ..sim import SimConfig
 from ..traces import parse_price
 from ..workload.agentic import PROTOCOLS
+from ..workload.body import BodyDefaults
 from ..workload.tools import ToolLatency
 from .workloads import WORKLOADS
 
@@ -42,6 +43,7 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
 
 
 _CLIENT = ClientConfig(base_url="")  # the client's defaults are the run's
+_BODY = BodyDefaults(model="")
 
 # --help's panels
 TARGET, WORKLOAD, LOAD, TELEMETRY, ENERGY, OUTPUT = (
@@ -211,11 +213,11 @@ class RunConfig:
     )
     dataset_seed: int | None = None  # synthetic lengths; default: seed (a sweep holds it fixed)
     max_tokens: int = field(
-        default=_CLIENT.max_tokens,
+        default=_BODY.max_tokens,
         metadata=option("max_tokens for each request (synthetic sets its own).", panel=TARGET),
     )
     temperature: float | None = field(
-        default=_CLIENT.temperature, metadata=option("Sampling temperature.", panel=TARGET)
+        default=_BODY.temperature, metadata=option("Sampling temperature.", panel=TARGET)
     )
     params: dict[str, Any] = field(
         default_factory=dict,

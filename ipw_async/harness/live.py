@@ -31,6 +31,7 @@ from ..state import MeterState, Phase, RunState
 from ..stats import distribution
 from ..telemetry import Sampler, TelemetrySetup
 from ..workload import Workload
+from ..workload.body import BodyDefaults
 from .config import RunConfig
 from .dispatch import Dispatch, LocalDispatch
 from .health import HarnessCpu, LoopLag, gc_frozen
@@ -139,6 +140,9 @@ class _LiveRun:
 
     async def run(self) -> None:
         config = self.config
+        # before the simulator starts: it inherits the limit, and serves as many connections
+        if note := ensure_open_files(self.spec.pool_size):
+            self._note(note)
         async with contextlib.AsyncExitStack() as stack:
             sim = (
                 await stack.enter_async_context(simulator(config.sim_config())) if config.simulated else None
@@ -152,8 +156,6 @@ class _LiveRun:
             run_dir = Path(
                 config.output_dir or default_run_dir(Path(config.runs_root), model, self.workload.name, label)
             )
-            if note := ensure_open_files(self.spec.pool_size):
-                self._note(note)
             resume = self.resume
             if resume is None:
                 prepare(run_dir, config.overwrite)
@@ -232,7 +234,7 @@ class _LiveRun:
             self.workload,
             client_config(self.config, base_url, self.spec.pool_size),
             t0_ns,
-            model,
+            BodyDefaults(model, config.max_tokens, config.temperature, config.params),
             config.scorer or self.workload.scorer,
             0 if self.resume is None else self.resume.session,
         )

@@ -12,7 +12,8 @@ from .._clock import now_ns
 from ..client import StreamingClient
 from ..records import RequestRecord, Status
 from ..scoring import score
-from ..workload import Outcome, Query, TaskLog, Workload, WorkUnit
+from ..workload import Outcome, TaskLog, Workload, WorkUnit
+from ..workload.body import BodyDefaults
 
 
 class RequestSink(Protocol):
@@ -38,7 +39,7 @@ class UnitRequests:
         self,
         workload: Workload,
         client: StreamingClient,
-        model: str,
+        defaults: BodyDefaults,
         sink: RequestSink,
         *,
         scorer: str | None,
@@ -46,7 +47,7 @@ class UnitRequests:
     ) -> None:
         self.workload = workload
         self.client = client
-        self.model = model
+        self.defaults = defaults
         self.sink = sink
         self.scorer = scorer
         self.session = session
@@ -74,12 +75,8 @@ class UnitRequests:
             dispatched_ns=now_ns() - t0,
         )
 
-    def body(self, query: Query, stop: tuple[str, ...] = ()) -> bytes:
-        fields = self.client.prompt_fields(query.prompt, stop) | query.extra_body
-        return self.client.payload(self.model, fields, query.max_tokens)
-
     def payload(self, fields: dict[str, Any], max_tokens: int | None = None) -> bytes:
-        return self.client.payload(self.model, fields, max_tokens)
+        return self.defaults.encode(fields, max_tokens)
 
     async def request(
         self,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..client import ClientConfig, StreamingClient
 from ..records import RequestRecord
 from ..workload import TaskLog, Workload, WorkUnit
+from ..workload.body import BodyDefaults
 from .ledger import Coordinator
 from .requests import RequestSink, UnitRequests
 
@@ -30,12 +31,12 @@ class WorkerSetup:
     workload: Workload
     client: ClientConfig
     t0_ns: int
-    model: str
+    body: BodyDefaults
     scorer: str | None
     session: int
 
     def requests(self, client: StreamingClient, sink: RequestSink) -> UnitRequests:
-        return UnitRequests(self.workload, client, self.model, sink, scorer=self.scorer, session=self.session)
+        return UnitRequests(self.workload, client, self.body, sink, scorer=self.scorer, session=self.session)
 
 
 # coordinator -> worker

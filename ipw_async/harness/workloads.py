@@ -46,7 +46,7 @@ def _single(config: WorkloadOptions) -> Workload:
         length_sigma=config.length_sigma,
         seed=config.seed if config.dataset_seed is None else config.dataset_seed,
     )
-    return SingleTurn(dataset)
+    return SingleTurn(dataset, chat=config.endpoint == "chat")
 
 
 def _agentic(config: WorkloadOptions) -> Workload:

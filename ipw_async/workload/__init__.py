@@ -61,10 +61,6 @@ class Requests(Protocol):
         and dispatched now; ``turn`` numbers the calls of a multi-turn task."""
         ...
 
-    def body(self, query: Query, stop: tuple[str, ...] = ()) -> bytes:
-        """The request body for ``query`` under the run's options."""
-        ...
-
     def payload(self, fields: dict[str, Any], max_tokens: int | None = None) -> bytes:
         """A request body from ``fields`` (messages or prompt, tools, stop) and the run's options."""
         ...

@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from . import Requests, UnitCycle, WorkUnit
+from .body import prompt_fields
 from .datasets import Dataset
 
 
 class SingleTurn:
     """One request per query, cycling through the dataset as often as the run needs."""
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset: Dataset, chat: bool = True) -> None:
         self.dataset = dataset
+        self.chat = chat
         self.name = dataset.name
         self.scorer = dataset.scorer
         self._cycle = UnitCycle(dataset.queries)
@@ -25,4 +27,6 @@ class SingleTurn:
 
     async def perform(self, unit: WorkUnit, requests: Requests, scheduled_ns: int) -> None:
         record = requests.new_record(unit, scheduled_ns, unit.query.prompt)
-        await requests.request(record, requests.body(unit.query, self.dataset.stop))
+        query = unit.query
+        fields = prompt_fields(query.prompt, self.chat, self.dataset.stop) | query.extra_body
+        await requests.request(record, requests.payload(fields, query.max_tokens))
