@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 import typer
 
 from .._clock import NS
+from .._loop import run as run_loop
 from ..telemetry import open_sources
 from ..telemetry_agent import describe, serve_agent
 from ._common import err, fail
@@ -63,7 +63,7 @@ def agent(
     for line in describe(setup, host):
         err.print(line)
     try:
-        asyncio.run(serve_agent(setup, host, port, round(clock_shift_s * NS)))
+        run_loop(serve_agent(setup, host, port, round(clock_shift_s * NS)))
     except KeyboardInterrupt:
         pass
     except OSError as exc:

@@ -3,7 +3,6 @@ and the simulator's :func:`serve`."""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import signal
 import sys
@@ -13,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from .._loop import run as run_loop
 from ..errors import RunAborted, RunError
 from ..harness import RunConfig, run_benchmark
 from ..harness.live import Display
@@ -61,7 +61,7 @@ def execute(config: RunConfig, display: Display) -> int:
     130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
     with _StopSignals() as stop:
         try:
-            result = asyncio.run(run_benchmark(config, display))
+            result = run_loop(run_benchmark(config, display))
         except RunError as exc:
             if Debug.on:
                 raise
@@ -182,7 +182,7 @@ def sim(**options: Any) -> None:
     except ValueError as exc:
         raise fail(str(exc)) from None
     try:
-        asyncio.run(serve(config, host, port))
+        run_loop(serve(config, host, port))
     except KeyboardInterrupt:
         pass
     except OSError as exc:

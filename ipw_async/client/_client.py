@@ -101,7 +101,7 @@ class StreamingClient:
                 )
                 return
             events = EventStream(parser, t0)
-            exchange.stream_to(events)
+            exchange.stream_to(events.receive)
             await exchange.finished()
             events.end()
             parser.close()

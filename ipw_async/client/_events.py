@@ -14,47 +14,47 @@ from ..records import ErrorType, RequestRecord, Status
 # Only the fields a record needs are decoded; msgspec skips the rest of each event (ids,
 # model names, logprobs) without building them. Measured per event on a vLLM-shaped chunk:
 # 0.34 µs, against 1.79 µs for json.loads and 0.54 µs for orjson or untyped msgspec.
-class _Function(msgspec.Struct):
+class _Function(msgspec.Struct, gc=False):
     name: str | None = None
     arguments: str | None = None
 
 
-class _ToolCall(msgspec.Struct):
+class _ToolCall(msgspec.Struct, gc=False):
     index: int | None = None
     id: str | None = None
     function: _Function | None = None
 
 
-class _Delta(msgspec.Struct):
+class _Delta(msgspec.Struct, gc=False):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
     tool_calls: list[_ToolCall] | None = None
 
 
-class _Choice(msgspec.Struct):
+class _Choice(msgspec.Struct, gc=False):
     index: int | None = 0
     delta: _Delta | None = None
     text: str | None = None
     finish_reason: str | None = None
 
 
-class _Details(msgspec.Struct):
+class _Details(msgspec.Struct, gc=False):
     cached_tokens: int | None = None
 
 
-class _Usage(msgspec.Struct):
+class _Usage(msgspec.Struct, gc=False):
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
     prompt_tokens_details: _Details | None = None
 
 
-class _Timings(msgspec.Struct):  # llama.cpp's own account of the request
+class _Timings(msgspec.Struct, gc=False):  # llama.cpp's own account of the request
     prompt_ms: float | None = None
     predicted_per_token_ms: float | None = None
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     choices: list[_Choice] | None = None
     usage: _Usage | None = None
     error: Any = None
@@ -125,21 +125,9 @@ class StreamParser:
         except msgspec.DecodeError:
             fail(record, ErrorType.MALFORMED, f"event is not JSON: {data[:80]!r}")
             return
-        if event.error is not None:
-            fail(record, ErrorType.STREAM, error_message(data))
+        rare = event.error is not None or event.usage is not None or event.timings is not None
+        if rare and self._extras(event, data):
             return
-        if event.timings is not None:
-            record.server_prompt_ms = event.timings.prompt_ms
-            record.server_tpot_ms = event.timings.predicted_per_token_ms
-        usage = event.usage
-        if usage is not None:
-            if usage.completion_tokens is not None:
-                record.usage_output_tokens = usage.completion_tokens
-            if usage.prompt_tokens is not None:
-                record.prompt_tokens = usage.prompt_tokens
-            details = usage.prompt_tokens_details
-            if details is not None and details.cached_tokens is not None:
-                record.cached_prompt_tokens = details.cached_tokens
         for choice in event.choices or ():
             if choice.index:
                 continue
@@ -167,6 +155,26 @@ class StreamParser:
                     self._reasoning.append(thought)
             if choice.finish_reason:
                 record.finish_reason = choice.finish_reason
+
+    def _extras(self, event: _Event, data: bytes) -> bool:
+        """What only some events carry: an error (True: the event ends there), usage, timings."""
+        record = self.record
+        if event.error is not None:
+            fail(record, ErrorType.STREAM, error_message(data))
+            return True
+        if event.timings is not None:
+            record.server_prompt_ms = event.timings.prompt_ms
+            record.server_tpot_ms = event.timings.predicted_per_token_ms
+        usage = event.usage
+        if usage is not None:
+            if usage.completion_tokens is not None:
+                record.usage_output_tokens = usage.completion_tokens
+            if usage.prompt_tokens is not None:
+                record.prompt_tokens = usage.prompt_tokens
+            details = usage.prompt_tokens_details
+            if details is not None and details.cached_tokens is not None:
+                record.cached_prompt_tokens = details.cached_tokens
+        return False
 
     def close(self) -> None:
         """The stream ended: join the text, and fail the record if it ended too early."""
@@ -209,21 +217,27 @@ class EventStream:
         self._buf = b""
         self._t = 0
 
-    def __call__(self, t: int, data: bytes) -> None:
-        buf = self._buf + data if self._buf else data
+    def receive(self, t: int, data: bytes) -> None:
+        """Body bytes that arrived at ``t`` (absolute ns)."""
         self._t = t = t - self.t0_ns
-        if b"\r" in buf:
-            carry = buf[-1:] == b"\r"  # a CR whose LF may come in the next read
-            buf = (buf[:-1] if carry else buf).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if self._buf:
+            data = self._buf + data
+        if b"\r" in data:
+            carry = data[-1:] == b"\r"  # a CR whose LF may come in the next read
+            data = (data[:-1] if carry else data).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
             if carry:
-                buf += b"\r"
-        if b"\n\n" not in buf:
-            self._buf = buf
-            return
-        *events, self._buf = buf.split(b"\n\n")
-        feed = self.parser.feed
-        for raw in events:
-            feed(t, raw)
+                data += b"\r"
+        end = data.find(b"\n\n")
+        if end < 0:
+            self._buf = data
+        elif end == len(data) - 2:  # one whole event per read: the common case
+            self._buf = b""
+            self.parser.feed(t, data[:end])
+        else:
+            *events, self._buf = data.split(b"\n\n")
+            feed = self.parser.feed
+            for raw in events:
+                feed(t, raw)
 
     def end(self) -> None:
         """The body ended: an event left without its blank line still counts."""

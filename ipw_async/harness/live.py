@@ -21,6 +21,7 @@ import anyio
 import numpy as np
 
 from .._clock import NS, ClockAnchor, now_ns
+from .._loop import run as run_loop
 from ..client import StreamingClient
 from ..errors import RunAborted, RunError
 from ..load import LoadSpec, drive
@@ -90,7 +91,7 @@ async def run_benchmark(
 
 def run(config: RunConfig, display: Display | None = None, workload: Workload | None = None) -> RunResult:
     """Blocking form of :func:`run_benchmark`, for scripts and notebooks without a loop."""
-    return asyncio.run(run_benchmark(config, display, workload))
+    return run_loop(run_benchmark(config, display, workload))
 
 
 class _Tasks:

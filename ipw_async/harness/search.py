@@ -10,7 +10,6 @@ SLO and the least that did not, and the boundary's bootstrap interval, are both 
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import math
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from .._loop import run as run_loop
 from ..analysis.headline import headline_figures
 from ..analysis.plotting import PlotReport
 from ..analysis.rundir import load_run
@@ -162,7 +162,7 @@ def run_search(
         p = Probe(load, config.output_dir)
         probes.append(p)
         try:
-            asyncio.run(run_benchmark(config, display))
+            run_loop(run_benchmark(config, display))
             p.status = "ok"
         except RunError as exc:
             if not probes[:-1]:  # the first probe: the server or the options are wrong, not the load

@@ -8,13 +8,13 @@ stops it and the files are still written from the runs that finished.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._loop import run as run_loop
 from ..analysis.constraints import validate
 from ..analysis.headline import FIGURES, headline_figures
 from ..analysis.rundir import load_run
@@ -114,7 +114,7 @@ def run_sweep(
             assert config.output_dir is not None
             previous = _run_id(config.output_dir)
             try:
-                asyncio.run(run_benchmark(config, display))
+                run_loop(run_benchmark(config, display))
                 row["status"] = "ok"
             except RunError as exc:
                 row["error"] = str(exc)

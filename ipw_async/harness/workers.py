@@ -23,6 +23,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
+from .._loop import run as run_loop
 from ..client import StreamingClient
 from ..errors import RunError
 from ..workload import WorkUnit
@@ -85,7 +86,7 @@ def _worker_main(setup: WorkerSetup, conn: Connection) -> None:
     # worker stops (and a coordinator that died closes the pipe, which ends the worker).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    asyncio.run(_serve(setup, conn))
+    run_loop(_serve(setup, conn))
 
 
 async def _serve(setup: WorkerSetup, conn: Connection) -> None:

@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 
+from .._loop import run as run_loop
 from .process import config_from_json
 from .server import serve
 
@@ -32,7 +33,7 @@ def main() -> None:
         await serve(config, args.host, args.port)
 
     with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
-        asyncio.run(run())
+        run_loop(run())
 
 
 async def _orphan_watch(parent: int, period_s: float = 0.1) -> None:

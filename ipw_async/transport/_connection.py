@@ -31,7 +31,6 @@ class Exchange:
         "received",
         "retries",
         "sent_ns",
-        "sink",
         "status",
     )
 
@@ -42,7 +41,6 @@ class Exchange:
         self.headers: list[tuple[bytes, bytes]] = []
         self.headers_ns = 0
         self.received = 0  # response bytes so far, headers included
-        self.sink: BodySink | None = None
         self.connection: Connection | None = None
         self._held: list[tuple[int, bytes]] = []
         self._head: asyncio.Future[None] = loop.create_future()
@@ -64,7 +62,8 @@ class Exchange:
         for t, data in self._held:
             sink(t, data)
         self._held.clear()
-        self.sink = sink
+        if self.connection is not None:
+            self.connection.sink = sink
 
     def when_done(self, callback: Callable[[], None]) -> None:
         self._done.add_done_callback(lambda _: callback())
@@ -91,11 +90,8 @@ class Exchange:
         return self._done.done()
 
     # called by the connection
-    def body(self, t: int, data: bytes) -> None:
-        if self.sink is not None:
-            self.sink(t, data)
-        else:
-            self._held.append((t, data))
+    def hold(self, t: int, data: bytes) -> None:
+        self._held.append((t, data))
 
     def headers_in(self, t: int, status: int) -> None:
         self.status = status
@@ -124,6 +120,7 @@ class Connection(asyncio.Protocol):
         self.read_timeout_s = read_timeout_s
         self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None
+        self.sink: BodySink = _nowhere  # the exchange's, once it begins
         self.served = 0  # responses completed on this connection
         self.closed = False
         self._release = release
@@ -192,7 +189,7 @@ class Connection(asyncio.Protocol):
         exchange.headers_in(self._t, code)
 
     def on_body(self, body: bytes) -> None:
-        self.exchange.body(self._t, body)  # type: ignore[union-attr]
+        self.sink(self._t, body)
 
     def on_message_complete(self) -> None:
         exchange = self.exchange
@@ -209,6 +206,7 @@ class Connection(asyncio.Protocol):
     def begin(self, exchange: Exchange, request: bytes) -> None:
         """Send ``request`` and take its response into ``exchange``."""
         self.exchange = exchange
+        self.sink = exchange.hold
         exchange.connection = self
         self._parser = httptools.HttpResponseParser(self)
         self._framed = False
@@ -243,6 +241,10 @@ class Connection(asyncio.Protocol):
         if exchange is not None:
             exchange.fail(exc)
         self.close()
+
+
+def _nowhere(t: int, data: bytes) -> None:
+    raise httpx.RemoteProtocolError("the server sent a body nobody asked for")
 
 
 class ClosedBeforeResponse(httpx.RemoteProtocolError):
