@@ -1,6 +1,12 @@
 """How much the harness costs per SSE event, and how late it stamps them.
 
-Two regimes, 128-token streams at 64 and 256 concurrent streams (at least 2,000 requests):
+1. The client loop, in one process against the zero-delay simulator (128-token streams at
+   128 and 1,024 concurrent streams): CPU µs per SSE event of ipw-async's client (every event
+   stamped at the socket, every record kept), of httpx's response machinery over the same
+   transport, and of a bare aiohttp read loop (read, split events, stamp; nothing kept),
+   with the ratios measured in the same run.
+2. Whole runs, two regimes, 128-token streams at 64 and 256 concurrent streams (at least
+   2,000 requests), and what the run around the client costs per event (whole run − loop):
 
 - zero-delay: the simulator's steps take no time, so it sends as fast as it can and the
   client is saturated. Gives requests/s, SSE events/s and this process's CPU µs per event.
@@ -14,7 +20,7 @@ psutil`` the telemetry sampler's thread, to measure their cost: compare CPU µs/
 without.
 
     python benchmarks/client_overhead.py [--requests 2000] [--levels 64,256] [--step-ms 5]
-        [--dashboard] [--telemetry none|psutil]
+        [--loop-levels 128,1024] [--dashboard] [--telemetry none|psutil]
 """
 
 from __future__ import annotations
@@ -23,15 +29,113 @@ import argparse
 import asyncio
 import io
 import tempfile
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import httpx
 import numpy as np
 import polars as pl
 
 from ipw_async import RunConfig, RunResult, run_benchmark
+from ipw_async._clock import now_ns
+from ipw_async._loop import run as run_loop
+from ipw_async.client import ClientConfig, StreamingClient
 from ipw_async.harness import Display
-from ipw_async.sim import EngineConfig, SimConfig
+from ipw_async.records import RequestRecord
+from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
+from ipw_async.transport import ConnectionPool, PoolTransport
+from ipw_async.workload.body import BodyDefaults, prompt_fields
+
+ZERO_DELAY = SimConfig(
+    engine=EngineConfig(zero_delay=True, step_per_seq_ms=0.0, step_per_prefill_token_ms=0.0, max_batch=2048)
+)
+BODY = BodyDefaults("sim-small", 128, params={"ignore_eos": True}).encode(prompt_fields("x " * 64, chat=True))
+HEADERS = {"content-type": "application/json"}
+
+
+async def _timed(streams: int, requests: int, one: Callable[[int], Awaitable[int]]) -> float:
+    """CPU µs per SSE event of ``streams`` loops sharing ``requests``; ``one`` sends a request
+    and says how many events it read."""
+    todo = iter(range(requests))
+    events = 0
+
+    async def loop() -> None:
+        nonlocal events
+        for i in todo:
+            events += await one(i)
+
+    cpu = time.process_time()
+    await asyncio.gather(*(loop() for _ in range(streams)))
+    return (time.process_time() - cpu) / events * 1e6
+
+
+async def ipw_loop(base_url: str, streams: int, requests: int) -> float:
+    """ipw-async's client: every event stamped where it came off the socket, every record kept."""
+    client = StreamingClient(ClientConfig(base_url=base_url, max_connections=streams), now_ns())
+    kept: list[RequestRecord] = []
+
+    async def one(i: int) -> int:
+        record = RequestRecord(request_id=i, query_id="q", dataset="d", prompt="p")
+        await client.send(record, BODY)
+        kept.append(record)
+        return record.chunk_count
+
+    try:
+        return await _timed(streams, requests, one)
+    finally:
+        await client.aclose()
+
+
+async def bare_loop(base_url: str, streams: int, requests: int) -> float:
+    """The least a client can do on aiohttp: read, split events, stamp, keep nothing."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=streams)) as session:
+
+        async def one(_: int) -> int:
+            events = 0
+            async with session.post(f"{base_url}/chat/completions", data=BODY, headers=HEADERS) as response:
+                buf = b""
+                async for chunk in response.content.iter_any():
+                    time.perf_counter_ns()
+                    *complete, buf = (buf + chunk).split(b"\n\n")
+                    events += len(complete)
+            return events
+
+        return await _timed(streams, requests, one)
+
+
+async def httpx_loop(base_url: str, streams: int, requests: int) -> float:
+    """httpx's streaming response over ipw-async's transport: read, split, stamp, keep nothing."""
+    transport = PoolTransport(ConnectionPool(streams))
+    async with httpx.AsyncClient(transport=transport, timeout=None) as http:
+
+        async def one(_: int) -> int:
+            events = 0
+            async with http.stream(
+                "POST", f"{base_url}/chat/completions", content=BODY, headers=HEADERS
+            ) as r:
+                buf = b""
+                async for chunk in r.aiter_raw():
+                    time.perf_counter_ns()
+                    *complete, buf = (buf + chunk).split(b"\n\n")
+                    events += len(complete)
+            return events
+
+        return await _timed(streams, requests, one)
+
+
+LOOPS = {"ipw-async client": ipw_loop, "httpx over its transport": httpx_loop, "bare aiohttp loop": bare_loop}
+
+
+def client_loops(base_url: str, streams: int, requests: int, rounds: int = 2) -> dict[str, float]:
+    """Each loop's CPU µs per event, the median of ``rounds`` alternating rounds."""
+    figures: dict[str, list[float]] = {name: [] for name in LOOPS}
+    for _ in range(rounds):
+        for name, loop in LOOPS.items():
+            figures[name].append(run_loop(loop(base_url, streams, max(requests, 2 * streams))))
+    return {name: float(np.median(values)) for name, values in figures.items()}
 
 
 def stream_config(**fields: Any) -> RunConfig:
@@ -86,7 +190,7 @@ def measure(
                 )
             ),
         )
-        result = asyncio.run(run_benchmark(config, display))
+        result = run_loop(run_benchmark(config, display))
     ok, events, delay_ms = stream_figures(result)
     harness = result.summary["harness"]
     cpu_s = harness["cpu_s"]
@@ -114,23 +218,41 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=5.0, help="engine step of the paced regime")
     parser.add_argument("--dashboard", action="store_true", help="run the live dashboard too")
     parser.add_argument("--telemetry", default="none", help="telemetry sources to sample too (none, psutil)")
+    parser.add_argument("--loop-levels", default="128,1024", help="streams for the client-loop comparison")
     args = parser.parse_args()
     print(
-        f"client overhead: 128-token streams, {args.requests} requests, "
+        f"1. the client loop, one process, zero-delay simulator, 128-token streams, {args.requests} requests"
+    )
+    print(f"{'streams':>7} {'client':<26} {'CPU µs/event':>13} {'× bare aiohttp':>15}")
+    loops: dict[int, float] = {}
+    with SimulatorProcess(ZERO_DELAY) as sim:
+        for level in (int(x) for x in args.loop_levels.split(",")):
+            figures = client_loops(sim.base_url, level, args.requests)
+            loops[level] = figures["ipw-async client"]
+            for name, us in figures.items():
+                print(f"{level:>7} {name:<26} {us:>13.2f} {us / figures['bare aiohttp loop']:>15.2f}")
+        levels = [int(x) for x in args.levels.split(",")]
+        for level in levels:  # the loop alone at the whole runs' levels, for what the run adds
+            loops.setdefault(level, run_loop(ipw_loop(sim.base_url, level, max(args.requests, 2 * level))))
+    print()
+    print(
+        f"2. whole runs: 128-token streams, {args.requests} requests, "
         f"dashboard {'on' if args.dashboard else 'off'}, telemetry {args.telemetry}"
     )
     print(
         f"{'regime':<14} {'streams':>7} {'req/s':>8} {'events/s':>10} {'CPU µs/event':>13} {'CPU/wall':>9} "
-        f"{'stamp p50 ms':>13} {'stamp p99 ms':>13} {'loop lag p99 ms':>16}"
+        f"{'stamp p50 ms':>13} {'stamp p99 ms':>13} {'loop lag p99 ms':>16} {'around µs/event':>16}"
     )
     for step_ms in (0.0, args.step_ms):
         regime = "zero-delay" if step_ms == 0 else f"paced {step_ms:g} ms"
-        for level in (int(x) for x in args.levels.split(",")):
+        for level in levels:
             r = measure(level, args.requests, args.dashboard, step_ms, args.telemetry)
+            # the run around the client: only comparable where the loop ran flat out too
+            around = f"{r['cpu_us_per_event'] - loops[level]:.1f}" if step_ms == 0 else "—"
             print(
                 f"{regime:<14} {r['concurrency']:>7} {r['requests_per_s']:>8.1f} {r['sse_events_per_s']:>10,.0f} "
                 f"{r['cpu_us_per_event']:>13.1f} {r['cpu_share_of_wall']:>9.0%} {r['stamp_delay_ms_p50']:>13.3f} "
-                f"{r['stamp_delay_ms_p99']:>13.3f} {r['loop_lag_ms_p99']:>16.2f}"
+                f"{r['stamp_delay_ms_p99']:>13.3f} {r['loop_lag_ms_p99']:>16.2f} {around:>16}"
             )
 
 

@@ -173,6 +173,15 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
             if m.get("counter_timing")
         ]
         table.add_row("telemetry", "; ".join([f"sampler p99 {late:.1f} ms late", *timing]))
+    client = summary.get("client") or {}
+    if client.get("cpu_us_per_event") is not None:
+        said = (
+            f"{client['cpu_us_per_event']:.1f} µs CPU per event, {_num(client['events_per_s'], ',.0f')} "
+            f"events/s, loop lag p99 {_num(client['loop_lag_p99_ms'], '.1f', ' ms')}"
+        )
+        if client.get("client_limited"):
+            said += f" [bold yellow]— the client was the limit: {client['client_limited']}[/]"
+        table.add_row("client", said)
     agents: dict[str, dict[str, Any]] = {}
     for clock in (summary.get("telemetry", {}).get("clocks") or {}).values():
         agents.setdefault(clock.get("agent", "?"), clock)  # one clock per agent, whatever its sources

@@ -19,7 +19,7 @@ from .records import end_ns
 from .rundir import files
 from .rundir.manifest import Manifest
 from .rundir.read import read_records, read_tasks, read_telemetry
-from .stats import distribution, latency_stats, measured, task_stats, window_s
+from .stats import client_stats, distribution, latency_stats, measured, task_stats, window_s
 from .telemetry.base import Meter
 from .traces import QueryTrace, parse_price, tool_waits, traces_from_records, traces_from_tasks, write_traces
 
@@ -166,6 +166,7 @@ def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) 
             "clocks": manifest.clocks,
         },
         "harness": end.get("harness"),
+        "client": client_stats(records, end.get("harness"), manifest.config.get("concurrency")),
         "config": manifest.config,
         "versions": manifest.versions,
         "host": manifest.host,

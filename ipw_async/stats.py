@@ -154,3 +154,44 @@ def task_stats(traces: list[QueryTrace], window: float | None) -> dict[str, Any]
 def _sum(values: Any) -> float | None:
     items = [v for v in values if v is not None]
     return float(sum(items)) if items else None
+
+
+# the event loop was the limit when it was this busy, or ran a 10 ms timer this late
+CLIENT_BUSY_SHARE = 0.9
+CLIENT_LAG_MS = 10.0
+
+
+def client_stats(
+    frame: pl.DataFrame, harness: dict[str, Any] | None, concurrency: int | None
+) -> dict[str, Any]:
+    """How the client itself did: SSE events/s, its CPU per event, loop lag, how late requests
+    went out against their schedule, how spread the opening burst was, and whether the
+    client rather than the server set the pace."""
+    harness = harness or {}
+    rows = measured(frame)
+    window = window_s(rows)
+    events = int(rows.get_column("chunk_count").sum()) if rows.height else 0
+    cpu_s = harness.get("cpu_s")
+    share = harness.get("cpu_share")
+    processes = harness.get("processes") or 1
+    lag_p99 = (harness.get("loop_lag_ms") or {}).get("p99")
+    sent = rows.filter(pl.col("sent_ns").is_not_null()).sort("sent_ns")
+    late_ms = (sent.get_column("sent_ns") - sent.get_column("scheduled_ns")).to_numpy() / 1e6
+    burst = sent.head(concurrency or 0).get_column("sent_ns")
+    limited = []
+    if share is not None and share / processes >= CLIENT_BUSY_SHARE:
+        limited.append(f"its event loop was busy {share / processes:.0%} of the window")
+    if lag_p99 is not None and lag_p99 >= CLIENT_LAG_MS:
+        limited.append(f"it ran a 10 ms timer {lag_p99:.0f} ms late (p99)")
+    return {
+        "stamped_at": "socket read",  # the transport stamps bytes in data_received
+        "event_loop": harness.get("event_loop"),
+        "processes": processes,
+        "events": events,
+        "events_per_s": events / window if window and events else None,
+        "cpu_us_per_event": cpu_s / events * 1e6 if cpu_s is not None and events else None,
+        "loop_lag_p99_ms": lag_p99,
+        "send_lateness_ms": distribution(late_ms),
+        "burst_spread_ms": (burst.max() - burst.min()) / 1e6 if concurrency and burst.len() > 1 else None,  # type: ignore[operator]
+        "client_limited": "; ".join(limited) or None,
+    }

@@ -21,6 +21,7 @@ import anyio
 import numpy as np
 
 from .._clock import NS, ClockAnchor, now_ns
+from .._loop import loop_name
 from .._loop import run as run_loop
 from ..client import StreamingClient
 from ..errors import RunAborted, RunError
@@ -323,6 +324,8 @@ class _LiveRun:
                 "loop_lag_ms": distribution(self.lag.lags_ms),
                 **self.cpu.summary(),
                 "workers": self.pool_report,
+                "processes": 1 + (workers if (workers := self._worker_count()) > 1 else 0),
+                "event_loop": loop_name(),
             },
         }
 

@@ -1,0 +1,51 @@
+"""The client measures itself in every run: events/s, CPU per event, loop lag, send lateness,
+the opening burst's spread, and whether the client rather than the server set the pace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from ipw_async import read_arrow, run_benchmark
+from ipw_async.sim import SimulatorProcess
+from ipw_async.stats import client_stats
+
+from .conftest import quick_config
+
+SHORT_RUN = Path(__file__).parent / "data" / "short_run"
+
+
+async def test_every_run_says_how_its_client_did(tmp_path: Path, sim: SimulatorProcess) -> None:
+    result = await run_benchmark(quick_config(tmp_path, base_url=sim.base_url, concurrency=6, max_queries=30))
+    client = result.summary["client"]
+    records = read_arrow(result.run_dir / "records.arrow").filter(~pl.col("warmup"))
+    assert client["stamped_at"] == "socket read" and client["event_loop"] in ("uvloop", "asyncio")
+    assert client["events"] == records.get_column("chunk_count").sum() > 0
+    assert client["events_per_s"] == pytest.approx(client["events"] / result.summary["window_s"])
+    harness = result.summary["harness"]
+    assert client["cpu_us_per_event"] == pytest.approx(harness["cpu_s"] / client["events"] * 1e6)
+    assert client["send_lateness_ms"]["count"] == records.height
+    first = records.sort("sent_ns").head(6).get_column("sent_ns")
+    assert client["burst_spread_ms"] == pytest.approx((first.max() - first.min()) / 1e6)
+    assert client["processes"] == 1
+    assert client["loop_lag_p99_ms"] == harness["loop_lag_ms"]["p99"]
+
+
+def test_a_busy_or_late_loop_is_named_as_the_limit() -> None:
+    records = read_arrow(SHORT_RUN / "records.arrow")
+    calm = {"cpu_s": 1.0, "cpu_share": 0.3, "processes": 1, "loop_lag_ms": {"p99": 0.8}}
+    assert client_stats(records, calm, 8)["client_limited"] is None
+    busy = calm | {"cpu_share": 0.97}
+    assert client_stats(records, busy, 8)["client_limited"] == "its event loop was busy 97% of the window"
+    assert client_stats(records, busy | {"processes": 2}, 8)["client_limited"] is None  # 49% each
+    late = calm | {"loop_lag_ms": {"p99": 25.0}}
+    assert "10 ms timer 25 ms late" in client_stats(records, late, 8)["client_limited"]
+
+
+def test_what_was_not_measured_is_null_not_zero() -> None:
+    records = read_arrow(SHORT_RUN / "records.arrow")
+    stats = client_stats(records, None, None)  # a run that died before it wrote how it ended
+    assert stats["cpu_us_per_event"] is None and stats["loop_lag_p99_ms"] is None
+    assert stats["burst_spread_ms"] is None and stats["event_loop"] is None
