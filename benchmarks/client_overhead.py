@@ -65,7 +65,8 @@ async def _timed(streams: int, requests: int, one: Callable[[int], Awaitable[int
     async def loop() -> None:
         nonlocal events
         for i in todo:
-            events += await one(i)
+            read = await one(i)  # not `events += await ...`: that reads events before the await
+            events += read
 
     cpu = time.process_time()
     await asyncio.gather(*(loop() for _ in range(streams)))

@@ -18,7 +18,8 @@ from ipw_async.client import ClientConfig, StreamingClient, list_models
 from ipw_async.records import ErrorType, RequestRecord, Status
 from ipw_async.sim import SimulatorProcess
 from ipw_async.transport import ConnectionPool, PoolTransport, route_for
-from ipw_async.transport.scripted import MS, Reply, ScriptedNetwork
+from ipw_async.transport._connection import Arrivals, Connection, Exchange
+from ipw_async.transport.scripted import MS, ManualClock, Reply, ScriptedNetwork
 from ipw_async.workload.body import BodyDefaults, prompt_fields
 
 from .conftest import scripted_send
@@ -214,3 +215,27 @@ async def test_list_models_speaks_through_the_same_transport(sim: SimulatorProce
     network = ScriptedNetwork(Reply.body(200, models))
     async with httpx.AsyncClient(transport=PoolTransport(ConnectionPool(network=network))) as http:
         assert (await http.get("http://s.test/v1/models")).json() == {"data": [{"id": "m"}]}
+
+
+class _Wire(asyncio.Transport):
+    def write(self, data: bytes) -> None:  # type: ignore[override]
+        pass
+
+
+async def test_reads_ready_together_are_all_stamped_before_any_is_parsed() -> None:
+    clock = ManualClock()
+    arrivals = Arrivals()
+    loop = asyncio.get_running_loop()
+    exchanges = [Exchange(loop, 0) for _ in range(2)]
+    for exchange in exchanges:
+        connection = Connection(clock, lambda c, reusable: None, None, arrivals)
+        connection.connection_made(_Wire())
+        connection.begin(exchange, b"POST / HTTP/1.1\r\n\r\n")
+    for at, exchange in zip((1 * MS, 2 * MS), exchanges, strict=True):
+        clock.now = at  # the loop reads one ready socket after the other
+        exchange.connection.data_received(STREAM)  # type: ignore[union-attr]
+    assert [e.status for e in exchanges] == [0, 0]  # nothing parsed while sockets are being read
+    clock.now = 50 * MS  # however long the parsing then takes
+    await asyncio.sleep(0)
+    assert [e.headers_ns for e in exchanges] == [1 * MS, 2 * MS]
+    assert [e.done for e in exchanges] == [True, True]

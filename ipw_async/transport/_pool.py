@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from .._clock import now_ns
-from ._connection import Clock, ClosedBeforeResponse, Connection, Exchange
+from ._connection import Arrivals, Clock, ClosedBeforeResponse, Connection, Exchange
 
 
 class Network(Protocol):
@@ -158,6 +158,7 @@ class ConnectionPool:
         self._busy: set[Connection] = set()
         self._keys: dict[Connection, tuple[str, str, int]] = {}
         self._routes: dict[str, Route] = {}
+        self._arrivals = Arrivals()
 
     def route(self, url: str) -> Route:
         route = self._routes.get(url)
@@ -212,7 +213,7 @@ class ConnectionPool:
         host, port = route.connect
 
         def factory() -> Connection:
-            return Connection(self.clock, self._release, self.read_timeout_s)
+            return Connection(self.clock, self._release, self.read_timeout_s, self._arrivals)
 
         tls = self._context() if route.tls_host else None
         where = f"{host}:{port}"
