@@ -15,10 +15,10 @@ BodySink = Callable[[int, bytes], None]  # (arrival ns, body bytes)
 class Exchange:
     """One request and its response.
 
-    Body bytes reach the sink with the time they came off the socket, inside the protocol's
+    Body bytes reach the sink with the time they came off the socket, taken in the protocol's
     ``data_received``: the event loop runs that for a readable socket before any task that
-    waits on it resumes, so a stamp is not late by however many other streams ran first.
-    Bytes that arrive before a sink is attached are held with their stamps.
+    waits on it resumes, so a stamp is not late by however many other streams ran first
+    (:class:`Arrivals`). Bytes that arrive before a sink is attached are held with their stamps.
     """
 
     __slots__ = (

@@ -111,6 +111,8 @@ class _Socket(asyncio.Transport):
         self._closed = False
 
     def write(self, data: bytes) -> None:  # type: ignore[override]
+        if self._closed:
+            return
         network = self._network
         network.requests.append(data)
         reply = network.replies.popleft() if network.replies else Reply([], close=True)
