@@ -12,7 +12,7 @@ import polars as pl
 import psutil
 import pytest
 
-from ipw_async import run_benchmark
+from ipw_async import run, run_benchmark
 from ipw_async._clock import now_ns
 from ipw_async.client import ClientConfig
 from ipw_async.errors import RunAborted, RunError
@@ -228,3 +228,16 @@ async def test_a_report_the_coordinator_cannot_apply_stops_the_run_instead_of_ha
     finally:
         await asyncio.wait_for(pool.close(), 30)
     assert len(run.stopped) == 1 and "could not be applied" in run.stopped[0]
+
+
+def test_records_larger_than_a_pipe_cross_between_processes_on_uvloop(tmp_path: Path) -> None:
+    # Each request carries a prompt of some 300 KB, more than a pipe holds, both ways: a
+    # command to a worker and its record back. On the loop the CLI runs (uvloop where it is
+    # installed) a blocking write on a descriptor the loop watches must not fail half-way.
+    config = quick_config(
+        tmp_path, workers="2", concurrency=4, max_queries=8, dataset="synthetic", prompt_tokens=60_000
+    )
+    config.output_tokens = 8
+    result = run(config)
+    assert result.records.height == 8 and (result.records.get_column("status") == "ok").all()
+    assert len(result.records.get_column("prompt")[0]) > 200_000

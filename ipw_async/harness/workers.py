@@ -19,6 +19,7 @@ import os
 import queue
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -81,6 +82,16 @@ class Sender:
         self._thread.join(timeout)
 
 
+def _watch(
+    loop: asyncio.AbstractEventLoop, conn: Connection, callback: Callable[..., None], *args: object
+) -> None:
+    """Call ``callback`` when ``conn`` has a message. uvloop's add_reader makes the descriptor
+    non-blocking, and the Sender thread's blocking writes on it would then fail on a full pipe
+    (the first large burst of records stalled a run); blocking again, it polls as asyncio's does."""
+    loop.add_reader(conn.fileno(), callback, *args)
+    os.set_blocking(conn.fileno(), True)
+
+
 def _worker_main(setup: WorkerSetup, conn: Connection) -> None:
     # Ctrl-C and kill signals reach the whole process group: the coordinator decides when a
     # worker stops (and a coordinator that died closes the pipe, which ends the worker).
@@ -119,7 +130,7 @@ async def _serve(setup: WorkerSetup, conn: Connection) -> None:
         except EOFError:  # the coordinator is gone
             closing.set()
 
-    loop.add_reader(conn.fileno(), on_command)
+    _watch(loop, conn, on_command)
     sender.send(Ready())
     try:
         await closing.wait()
@@ -179,7 +190,7 @@ class WorkerPool:
             self._conns.append(ours)
             self._senders.append(Sender(ours))
             self._load.append(0)
-            loop.add_reader(ours.fileno(), self._on_message, index)
+            _watch(loop, ours, self._on_message, index)
         self._consumer = loop.create_task(self._consume())
         ready = loop.create_task(self._ready_event.wait())
         died = loop.create_task(self._died_event.wait())
