@@ -188,10 +188,11 @@ class ConnectionPool:
             exchange = Exchange(loop, sent)
             exchange.retries = retries
             connection.begin(exchange, message)
+            written = self.clock()
             try:
                 await exchange.head()
             except ClosedBeforeResponse:
-                quick = self.clock() - sent < self.STALE_WINDOW_NS
+                quick = self.clock() - written < self.STALE_WINDOW_NS
                 if not (reused and quick) or retries >= self.MAX_RETRIES:
                     raise
                 retries += 1
