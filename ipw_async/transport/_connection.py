@@ -156,7 +156,7 @@ class Connection(asyncio.Protocol):
         self.served = 0  # responses completed on this connection
         self.closed = False
         self._release = release
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser  # a fresh one for each exchange (begin)
         self._t = 0
         self._framed = False  # the body's end is known from its framing, not from a close
         self._timer: asyncio.TimerHandle | None = None
