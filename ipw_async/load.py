@@ -19,6 +19,7 @@ U = TypeVar("U")
 Execute = Callable[[U, int], Awaitable[None]]
 
 ARRIVALS = ("poisson", "gamma", "constant")
+RAMPS = ("linear", "exponential", "steps")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,10 @@ class LoadSpec:
     arrival: str = "poisson"
     burstiness: float = 1.0  # gamma shape: < 1 burstier than Poisson, > 1 more regular
     max_concurrency: int | None = None
+    ramp: str | None = None  # how the load reaches its target: linear, exponential or steps
+    ramp_duration: float = 30.0
+    ramp_start: float | None = None  # default: 1 in flight, or a tenth of the rate
+    ramp_steps: int = 4
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
@@ -44,6 +49,14 @@ class LoadSpec:
             raise ValueError("--burstiness must be positive")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError("--max-concurrency must be at least 1")
+        if self.ramp is not None and self.ramp not in RAMPS:
+            raise ValueError(f"--ramp must be one of {', '.join(RAMPS)}")
+        if not self.ramp_duration > 0:
+            raise ValueError("--ramp-duration must be a positive number of seconds")
+        if self.ramp_start is not None and not self.ramp_start > 0:
+            raise ValueError("--ramp-start must be positive")
+        if self.ramp_steps < 1:
+            raise ValueError("--ramp-steps must be at least 1")
 
     @property
     def pool_size(self) -> int:

@@ -18,10 +18,12 @@ from ..client import ClientConfig
 from ..energy import RULES
 from ..energy.fit import parse_effects
 from ..errors import RunError
-from ..load import ARRIVALS, LoadSpec
+from ..load import ARRIVALS, RAMPS, LoadSpec
 from ..scoring import SCORERS
 from ..sim import SimConfig
 from ..traces import parse_price
+from ..validity.precision import PRECISION_METRICS, parse_targets
+from ..validity.saturation import OVERSATURATION_ACTIONS
 from ..workload.agentic import PROTOCOLS
 from ..workload.body import BodyDefaults
 from ..workload.tools import ToolLatency
@@ -208,6 +210,49 @@ class RunConfig:
     duration: float | None = field(
         default=None, metadata=option("Stop sending after this many seconds.", panel=LOAD)
     )
+    ramp: str | None = field(
+        default=None,
+        metadata=option(
+            "Reach --concurrency or --rate gradually instead of at once: linear, exponential, or "
+            "steps (--ramp-steps equal stages), over --ramp-duration seconds, then hold.",
+            panel=LOAD,
+            choices=RAMPS,
+            show_default=False,
+        ),
+    )
+    ramp_duration: float = field(
+        default=30.0, metadata=option("Seconds the --ramp takes to reach the target load.", panel=LOAD)
+    )
+    ramp_start: float | None = field(
+        default=None,
+        metadata=option(
+            "The load the --ramp starts from (default: 1 request in flight, or a tenth of --rate).",
+            panel=LOAD,
+            show_default=False,
+        ),
+    )
+    ramp_steps: int = field(default=4, metadata=option("Stages of --ramp steps.", panel=LOAD))
+    on_oversaturation: str = field(
+        default="flag",
+        metadata=option(
+            "When requests pile up faster than the server finishes them (in-flight and TTFT both "
+            "rising significantly): flag (say so in the summary) or stop (end the run there).",
+            panel=LOAD,
+            choices=OVERSATURATION_ACTIONS,
+        ),
+    )
+    until_precision: dict[str, float] = field(
+        default_factory=dict,
+        metadata=option(
+            "Stop once a metric is known to this relative precision (95% interval half-width over "
+            "the mean, from batch means), e.g. j_per_query=2%; metrics: "
+            f"{', '.join(PRECISION_METRICS)}; repeatable; needs --duration or a dataset to stop at "
+            "otherwise.",
+            cli_type=list[str] | None,
+            parse=parse_targets,
+            panel=LOAD,
+        ),
+    )
     seed: int = field(
         default=0, metadata=option("Seed for arrivals, synthetic data and the simulator.", panel=LOAD)
     )
@@ -369,7 +414,17 @@ class RunConfig:
         if concurrency is None and self.rate is None:
             concurrency = 16
         try:
-            return LoadSpec(concurrency, self.rate, self.arrival, self.burstiness, self.max_concurrency)
+            return LoadSpec(
+                concurrency,
+                self.rate,
+                self.arrival,
+                self.burstiness,
+                self.max_concurrency,
+                ramp=self.ramp,
+                ramp_duration=self.ramp_duration,
+                ramp_start=self.ramp_start,
+                ramp_steps=self.ramp_steps,
+            )
         except ValueError as exc:
             raise RunError(str(exc)) from None
 

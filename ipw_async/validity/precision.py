@@ -1,0 +1,34 @@
+"""How precisely a run knows its means, from batch means over time.
+
+Requests that overlap share the server and the meter, so they are not independent samples: a
+confidence interval from their spread is too narrow. Batch means cut the window into ``k``
+batches of equal time, each longer than a request and than a meter's counter period, and treat
+the batches' figures as the samples. A per-query figure over a batch is a ratio (joules or
+seconds summed over the batch's queries, over their count); its interval is the ratio
+estimator's, by the delta method.
+"""
+
+from __future__ import annotations
+
+# metric -> what it is the mean of (per query, over the batch's queries)
+PRECISION_METRICS = ("j_per_query", "j_per_token", "ttft", "tpot", "e2e")
+
+
+def parse_targets(items: list[str] | None) -> dict[str, float]:
+    """``j_per_query=2%`` or ``ttft=0.05`` pairs: the relative half-width each metric must reach."""
+    out: dict[str, float] = {}
+    for item in items or []:
+        metric, sep, text = item.replace(" ", "").partition("=")
+        if not sep or metric not in PRECISION_METRICS:
+            raise ValueError(
+                f"cannot read the precision target {item!r}: give METRIC=PCT with METRIC one of "
+                f"{', '.join(PRECISION_METRICS)}, e.g. j_per_query=2%"
+            )
+        try:
+            value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            raise ValueError(f"the precision target {item!r} needs a share, e.g. {metric}=2%") from None
+        if not 0 < value < 1:
+            raise ValueError(f"the precision target {item!r} must lie between 0% and 100%")
+        out[metric] = value
+    return out
