@@ -109,6 +109,37 @@ def _task_rows(table: Table, tasks: dict[str, Any]) -> None:
             table.add_row("device J during tool waits", f"{waits:,.1f} J per task (not charged)")
 
 
+def _validity_rows(table: Table, summary: dict[str, Any]) -> None:
+    """Was the run valid: stopped early, over-saturated, steady, and how precise its means are."""
+    if summary.get("stopped"):
+        table.add_row("stopped", str(summary["stopped"]))
+    saturation = summary.get("saturation")
+    if saturation:
+        if saturation["oversaturated"]:
+            began, share = saturation.get("began_s"), saturation.get("share_of_run")
+            since = "" if began is None else f"from {began:.0f} s ({share:.0%} of the run): "
+            said = f"[bold red]yes, {since}{saturation['reason']}[/]"
+        else:
+            said = "no" if saturation["oversaturated"] is False else f"{DASH} ({saturation['reason']})"
+        table.add_row("over-saturated", said)
+    steady = summary.get("steady")
+    if steady and steady.get("steady") is not None:
+        said = (
+            f"{steady['start_s']:.1f}–{steady['end_s']:.1f} s by issue time "
+            f"({steady['warmup_cropped_requests']} warm-up requests cropped, "
+            f"{steady['drain_requests']} in the drain)"
+        )
+        if steady.get("j_per_query") is not None:
+            said += f", {steady['j_per_query']:,.2f} J/query with its idle"
+        if not steady["steady"]:
+            said += f" [yellow]— not steady: {steady['reason']}[/]"
+        table.add_row("steady window", said)
+    metrics = (summary.get("precision") or {}).get("metrics") or {}
+    shown = [f"{name} ±{m['relative']:.1%}" for name, m in metrics.items() if m is not None]
+    if shown:
+        table.add_row("precision (95%)", ", ".join(shown))
+
+
 def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
     """Headline figures of a run; a figure that was not measured shows as — (never 0)."""
     title = "ipw-async run" + (" [SIMULATED]" if summary.get("simulated") else "")
@@ -182,6 +213,7 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
         if client.get("client_limited"):
             said += f" [bold yellow]— the client was the limit: {client['client_limited']}[/]"
         table.add_row("client", said)
+    _validity_rows(table, summary)
     agents: dict[str, dict[str, Any]] = {}
     for clock in (summary.get("telemetry", {}).get("clocks") or {}).values():
         agents.setdefault(clock.get("agent", "?"), clock)  # one clock per agent, whatever its sources

@@ -22,6 +22,7 @@ from .rundir.read import read_records, read_tasks, read_telemetry
 from .stats import client_stats, distribution, latency_stats, measured, task_stats, window_s
 from .telemetry.base import Meter
 from .traces import QueryTrace, parse_price, tool_waits, traces_from_records, traces_from_tasks, write_traces
+from .validity.report import run_validity
 
 
 @dataclass
@@ -87,6 +88,7 @@ def finalize(
     )
     write_traces(run_dir / files.TRACES, traces)
     summary = _summary(manifest, records, energy_section)
+    summary |= _validity(manifest, records, telemetry, headline)
     dropped = sum(s.get("dropped", 0) for s in manifest.sessions)  # re-run by a --resume
     summary["loss"] = loss(records, tasks, telemetry, manifest.dispatched - dropped)
     if tasks:
@@ -149,6 +151,7 @@ def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) 
         "simulated": manifest.simulated,
         "interrupted": end["interrupted"],
         "aborted": end["aborted"],
+        "stopped": end.get("stopped"),
         "run_id": manifest.run_id,
         "model": manifest.model,
         "base_url": manifest.base_url,
@@ -171,6 +174,25 @@ def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) 
         "versions": manifest.versions,
         "host": manifest.host,
     }
+
+
+def _validity(
+    manifest: Manifest, records: pl.DataFrame, telemetry: pl.DataFrame | None, headline: list[Meter]
+) -> dict[str, Any]:
+    def over(spans: list[tuple[int, int]]) -> float | None:
+        assert telemetry is not None
+        return energy_over(telemetry, headline, [spans], manifest.session_starts_ns)[0]
+
+    periods = [g.period_ns for m in headline for g in m.grids if g.period_ns > 0]
+    load = manifest.load
+    return run_validity(
+        records,
+        load.get("ramp_duration") if load.get("ramp") else None,
+        over if telemetry is not None and headline else None,
+        manifest.config.get("until_precision") or {},
+        max(periods) / NS if periods else None,
+        (manifest.end or {}).get("watch"),
+    )
 
 
 def _per_query_energy(records: pl.DataFrame) -> dict[str, Any]:

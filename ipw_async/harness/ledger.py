@@ -16,6 +16,7 @@ from ..records import ErrorType, RequestRecord, Status
 from ..rundir.writer import RunWriter
 from ..state import RunState
 from ..workload import TaskLog, Workload, WorkUnit
+from .watch import RunWatch
 
 
 class Coordinator(Protocol):
@@ -81,12 +82,14 @@ class RunLedger:
         self._ids = itertools.count(first_request_id)
         self._sent = 0
         self._connect_errors = 0
+        self.stopped: str | None = None  # why the run sent no more, by its own rule
+        self.watch: RunWatch | None = None  # set while the run measures
 
     def units(self, workload: Workload, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
         """The workload's next units (less those an earlier session finished), until the run is
         aborted."""
         for unit in workload.units(count, warmup):
-            if self.abort.event.is_set():
+            if self.abort.event.is_set() or self.stopped:
                 return
             if unit.unit_id not in self.done_units:
                 yield unit
@@ -102,10 +105,14 @@ class RunLedger:
     def started(self) -> None:
         self._sent += 1
         self.state.started()
+        if self.watch is not None:
+            self.watch.request_sent()
 
     async def kept(self, record: RequestRecord) -> None:
         self.state.finished(record)
         self._watch(record)
+        if self.watch is not None and not record.warmup:
+            self.watch.request_ended(record)
         if self.writer.add(record):
             await self.writer.flush_records()
 
@@ -119,6 +126,10 @@ class RunLedger:
     def stop(self, reason: str) -> None:
         """No new unit starts, and the run says why (the first reason given is kept)."""
         self.abort.stop(reason)
+
+    def end_early(self, reason: str) -> None:
+        """No new unit starts: the run has what its own rule asked for (not an abort)."""
+        self.stopped = self.stopped or reason
 
     def _watch(self, record: RequestRecord) -> None:
         if record.error_type is ErrorType.CONNECT:

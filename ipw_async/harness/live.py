@@ -42,6 +42,7 @@ from .limits import ensure_open_files
 from .ray_pool import RayPool
 from .resume import Resume, continue_manifest, resume_from
 from .setup import client_config, open_telemetry, serving_model, simulator
+from .watch import RunWatch
 from .worker_protocol import WorkerSetup
 from .workers import WorkerPool, auto_workers
 from .workloads import workload_of
@@ -135,6 +136,8 @@ class _LiveRun:
         self.lag = LoopLag()
         self.cpu = HarnessCpu()
         self.pool_report: dict[str, Any] | None = None  # the workers: where, and their clocks
+        self.watch: RunWatch | None = None  # while measuring
+        self.stopped: str | None = None  # why the run ended before its plan, by its own rule
 
     def _note(self, message: str) -> None:
         if self.display is not None:
@@ -170,7 +173,9 @@ class _LiveRun:
             telemetry = await open_telemetry(config, sim, base_url, self._note)
             stack.callback(telemetry.close)
             anchor = ClockAnchor.take() if resume is None else resume.manifest.anchor
-            client = StreamingClient(client_config(self.config, base_url, self.spec.pool_size), t0_ns=anchor.monotonic_ns)
+            client = StreamingClient(
+                client_config(self.config, base_url, self.spec.pool_size), t0_ns=anchor.monotonic_ns
+            )
             stack.push_async_callback(client.aclose)
             state = self._state(telemetry, run_dir)
             sampler = Sampler(
@@ -216,7 +221,7 @@ class _LiveRun:
             if self.display is not None:
                 tasks.start(self.display.run(state))
             try:
-                await self._phases(state, ledger, dispatch, writer, tasks, has_telemetry=bool(telemetry.opened))
+                await self._phases(state, ledger, dispatch, writer, tasks, sampler)
             except (asyncio.CancelledError, KeyboardInterrupt) as exc:
                 self.interrupted = exc
 
@@ -263,9 +268,10 @@ class _LiveRun:
         dispatch: Dispatch,
         writer: RunWriter,
         tasks: _Tasks,
-        has_telemetry: bool,
+        sampler: Sampler,
     ) -> None:
         config, spec = self.config, self.spec
+        has_telemetry = bool(sampler.meters)
         rng = np.random.default_rng(config.seed)
         if self.resume is not None:  # the baseline and warm-up belong to the first session
             list(self.workload.units(config.warmup, True))  # their unit ids stay theirs
@@ -281,17 +287,38 @@ class _LiveRun:
         state.phase = Phase.MEASURING
         state.started_ns = now_ns()
         deadline = now_ns() + int(config.duration * NS) if config.duration else None
+        cut = asyncio.Event()  # the run ends now: in-flight requests are cancelled
+
+        def stop_now(reason: str) -> None:
+            ledger.end_early(reason)
+            cut.set()
+
+        self.watch = ledger.watch = RunWatch(
+            writer.manifest.anchor.monotonic_ns,
+            config.on_oversaturation,
+            config.until_precision,
+            sampler.meters,
+            sampler.log,
+            ledger.end_early,
+            stop_now,
+            self._note,
+            spec.ramp_duration if spec.ramp else None,
+        )
+        tasks.start(self.watch.run())
         with gc_frozen(), self.cpu.measuring():
             units = ledger.units(self.workload, self._planned(), False)
             load = tasks.start(drive(spec, units, dispatch.execute, rng, deadline))
-            aborted = tasks.start(self.abort.event.wait())
-            await asyncio.wait({load, aborted}, return_when=asyncio.FIRST_COMPLETED)
-            if self.abort.event.is_set():
+            ends = {load, tasks.start(self.abort.event.wait()), tasks.start(cut.wait())}
+            await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+            if self.abort.event.is_set() or cut.is_set():
                 load.cancel()
                 await asyncio.gather(load, return_exceptions=True)
             else:
                 await load
-                self.complete = True
+            self.complete = not self.abort.event.is_set()
+        self.stopped = ledger.stopped
+        if self.stopped:
+            self._note(f"stopped: {self.stopped}")
         state.phase = Phase.FINISHING
         await asyncio.sleep(config.tail_s if has_telemetry else 0)
 
@@ -319,6 +346,8 @@ class _LiveRun:
             "complete": self.complete and self.interrupted is None,
             "interrupted": self.interrupted is not None,
             "aborted": self.abort.reason,
+            "stopped": self.stopped,
+            "watch": self.watch.report() if self.watch else None,
             "sampler": asdict(sampler.quality()),
             "harness": {
                 "loop_lag_ms": distribution(self.lag.lags_ms),

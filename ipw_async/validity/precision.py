@@ -10,6 +10,12 @@ estimator's, by the delta method.
 
 from __future__ import annotations
 
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy import stats
+
 # metric -> what it is the mean of (per query, over the batch's queries)
 PRECISION_METRICS = ("j_per_query", "j_per_token", "ttft", "tpot", "e2e")
 
@@ -32,3 +38,62 @@ def parse_targets(items: list[str] | None) -> dict[str, float]:
             raise ValueError(f"the precision target {item!r} must lie between 0% and 100%")
         out[metric] = value
     return out
+
+
+MIN_BATCHES = 5
+TARGET_BATCHES = 20
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A ratio's value over all batches and its confidence interval's half-width."""
+
+    mean: float
+    half_width: float
+    batches: int
+    batch_s: float
+
+    @property
+    def relative(self) -> float:
+        return self.half_width / abs(self.mean) if self.mean else math.inf
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self) | {"relative": self.relative}
+
+
+def ratio_interval(numerator: np.ndarray, denominator: np.ndarray, batch_s: float) -> Estimate | None:
+    """Σnumerator / Σdenominator over batches, with the ratio estimator's interval (delta
+    method, Student t over the batches); None under :data:`MIN_BATCHES` batches."""
+    k = numerator.size
+    total = float(denominator.sum())
+    if k < MIN_BATCHES or total <= 0:
+        return None
+    ratio = float(numerator.sum()) / total
+    residual = numerator - ratio * denominator
+    se = float(np.std(residual, ddof=1)) / (total / k) / math.sqrt(k)
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, k - 1)) * se
+    return Estimate(ratio, half, k, batch_s)
+
+
+def batch_length(span_s: float, typical_latency_s: float | None, counter_period_s: float | None) -> float:
+    """Long enough that batches are nearly independent: twice a typical request and twice the
+    meter's counter period, and no more than needed for :data:`TARGET_BATCHES` over the span."""
+    floor = max(2 * (typical_latency_s or 0.0), 2 * (counter_period_s or 0.0), 1.0)
+    return max(span_s / TARGET_BATCHES, floor)
+
+
+def binned(times_s: np.ndarray, values: np.ndarray, start_s: float, batch_s: float, k: int) -> np.ndarray:
+    """``values`` summed per batch of ``batch_s`` from ``start_s`` (the last ``k`` batches' worth
+    only: anything after the k-th batch is left out)."""
+    slot = np.floor((times_s - start_s) / batch_s).astype(int)
+    keep = (slot >= 0) & (slot < k) & np.isfinite(values)
+    return np.bincount(slot[keep], weights=values[keep], minlength=k)[:k]
+
+
+def met(estimates: dict[str, Estimate | None], targets: dict[str, float]) -> bool:
+    """Every target reached."""
+    return bool(targets) and all(
+        (e := estimates.get(metric)) is not None and e.relative <= target
+        for metric, target in targets.items()
+    )

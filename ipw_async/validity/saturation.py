@@ -1,5 +1,177 @@
-"""Over-saturation: requests arriving faster than the server finishes them."""
+"""Over-saturation: requests arriving faster than the server finishes them.
+
+An over-saturated server has no steady state: the requests waiting for it, and each one's wait
+for its first token, grow for as long as the load lasts, and so do the figures a run reports
+(queued requests hold no GPU work but accrue static energy). Both signals are tested over the
+last :data:`WINDOW_S` seconds of the run, cut into :data:`BINS` bins of equal time so that the
+samples are nearly independent (requests that overlap are not): the outstanding requests'
+time-average per bin (from arrival, so a client-side queue counts), and the median wait from
+arrival to first token of the first tokens that came in the bin. The run is over-saturated when
+both rise, each significantly (one-sided t-test on the bins' regression slope, p < 0.001) and
+materially (by at least :data:`MIN_RISE` of its mean level across the window). A closed loop
+holds its outstanding requests constant, so only a ramp (excluded: the window starts where it
+ends) or an open loop can trip it.
+"""
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
 OVERSATURATION_ACTIONS = ("flag", "stop")
+MIN_S = 10.0  # seconds of load before any verdict
+WINDOW_S = 60.0
+BINS = 10
+MIN_BINS = 6  # bins with first tokens in them, for the TTFT trend
+MIN_RISE = 0.25
+P_VALUE = 0.001
+GRID_S = 0.05  # in-flight is read this often for its bin means
+
+
+@dataclass(frozen=True)
+class Trend:
+    """A signal's least-squares line over the window's bins."""
+
+    slope_per_s: float
+    rise: float  # the line's change across the window, over the signal's mean
+    t: float  # slope / its standard error
+    bins: int
+
+    @property
+    def rising(self) -> bool:
+        critical = float(stats.t.ppf(1 - P_VALUE, self.bins - 2))
+        return self.t > critical and self.rise >= MIN_RISE
+
+
+def trend(centers_s: np.ndarray, values: np.ndarray) -> Trend | None:
+    """The slope of ``values`` against time, with its t statistic; None under 3 finite bins."""
+    keep = np.isfinite(values)
+    x, y = centers_s[keep], values[keep]
+    if x.size < 3 or np.ptp(x) == 0:
+        return None
+    fit = stats.linregress(x, y)
+    mean = float(np.mean(y))
+    if fit.stderr == 0:
+        t = np.inf if fit.slope > 0 else (-np.inf if fit.slope < 0 else 0.0)
+    else:
+        t = fit.slope / fit.stderr
+    rise = fit.slope * float(np.ptp(x)) / mean if mean > 0 else 0.0
+    return Trend(float(fit.slope), float(rise), float(t), int(x.size))
+
+
+@dataclass
+class Arrivals:
+    """A run's requests as the detector sees them, in seconds of the run clock: when each
+    arrived (its scheduled time), when it ended (NaN while open), and each first token's time
+    and its wait from arrival."""
+
+    arrived_s: np.ndarray
+    ended_s: np.ndarray
+    first_token_s: np.ndarray
+    wait_s: np.ndarray
+
+    def outstanding(self, grid_s: np.ndarray) -> np.ndarray:
+        arrived = np.sort(self.arrived_s)
+        ended = np.sort(self.ended_s[np.isfinite(self.ended_s)])
+        return np.searchsorted(arrived, grid_s, "right") - np.searchsorted(ended, grid_s, "right")
+
+
+@dataclass
+class Check:
+    """One look at the window ``[start_s, now_s]``."""
+
+    at_s: float
+    in_flight: Trend | None
+    ttft: Trend | None
+
+    @property
+    def oversaturated(self) -> bool:
+        return bool(self.in_flight and self.ttft and self.in_flight.rising and self.ttft.rising)
+
+    def describe(self) -> str:
+        assert self.in_flight is not None and self.ttft is not None
+        return (
+            f"requests in flight rose {self.in_flight.rise:.0%} and the wait for a first token "
+            f"{self.ttft.rise:.0%} over the last {min(self.at_s, WINDOW_S):.0f} s"
+        )
+
+
+def check(arrivals: Arrivals, start_s: float, now_s: float) -> Check | None:
+    """Both signals' trends over the last :data:`WINDOW_S` s before ``now_s`` (not before
+    ``start_s``); None before :data:`MIN_S` s of load."""
+    if now_s - start_s < MIN_S:
+        return None
+    lo = max(start_s, now_s - WINDOW_S)
+    edges = np.linspace(lo, now_s, BINS + 1)
+    centers = (edges[:-1] + edges[1:]) / 2
+    grid = np.arange(lo + GRID_S / 2, now_s, GRID_S)
+    level = arrivals.outstanding(grid)
+    slot = np.minimum(((grid - lo) / (now_s - lo) * BINS).astype(int), BINS - 1)
+    in_flight = np.bincount(slot, weights=level, minlength=BINS) / np.maximum(
+        np.bincount(slot, minlength=BINS), 1
+    )
+    waits = np.full(BINS, np.nan)
+    where = np.searchsorted(edges, arrivals.first_token_s, "right") - 1
+    for b in range(BINS):
+        inside = arrivals.wait_s[where == b]
+        if inside.size:
+            waits[b] = np.median(inside)
+    ttft = trend(centers, waits) if np.isfinite(waits).sum() >= MIN_BINS else None
+    return Check(now_s, trend(centers, in_flight), ttft)
+
+
+def onset(arrivals: Arrivals, start_s: float, end_s: float) -> float:
+    """When the pile-up began: the knot of the best flat-then-rising line through the
+    outstanding requests (1 s bins), searched over the window."""
+    edges = np.arange(start_s, end_s + 1.0, 1.0)
+    centers = (edges[:-1] + edges[1:]) / 2
+    level = arrivals.outstanding(centers)
+    best, at = np.inf, start_s
+    for knot in centers[:-2]:
+        hinge = np.maximum(centers - knot, 0.0)
+        design = np.column_stack([np.ones_like(centers), hinge])
+        _, residual, *_ = np.linalg.lstsq(design, level, rcond=None)
+        sse = float(residual[0]) if residual.size else 0.0
+        if sse < best:
+            best, at = sse, float(knot)
+    return at
+
+
+def assess(arrivals: Arrivals, start_s: float, end_s: float, step_s: float = 1.0) -> dict[str, Any]:
+    """The run's verdict as ``summary.json`` gives it: the checks a live watch would have made
+    every ``step_s``, the first that fired, and when the pile-up began."""
+    base: dict[str, Any] = {
+        "oversaturated": None,
+        "reason": None,
+        "detected_s": None,
+        "began_s": None,
+        "share_of_run": None,
+        "window_s": WINDOW_S,
+        "test": f"in-flight and first-token wait both rising (p < {P_VALUE:g}, by ≥ {MIN_RISE:.0%})",
+    }
+    if end_s - start_s < MIN_S:
+        return base | {"reason": f"under {MIN_S:.0f} s of load: too short to tell"}
+    last: Check | None = None
+    for now in np.arange(start_s + MIN_S, end_s + step_s / 2, step_s):
+        last = check(arrivals, start_s, min(float(now), end_s))
+        if last is not None and last.oversaturated:
+            began = onset(arrivals, start_s, end_s)
+            return base | {
+                "oversaturated": True,
+                "reason": last.describe(),
+                "detected_s": last.at_s,
+                "began_s": began,
+                "share_of_run": (end_s - began) / (end_s - start_s),
+                "trends": _trends(last),
+            }
+    return base | {"oversaturated": False, "trends": _trends(last) if last else None}
+
+
+def _trends(last: Check) -> dict[str, Any]:
+    return {
+        name: None if t is None else asdict(t) | {"rising": t.rising}
+        for name, t in (("in_flight", last.in_flight), ("ttft", last.ttft))
+    }
