@@ -291,12 +291,21 @@ def render(
 
     row("progress", _progress(state, elapsed, req_s or run_req_s))
     target = f" / {state.target_in_flight} target" if state.target_in_flight else ""
+    rate_target = ""
+    if state.ramping:
+        assert state.target_load is not None and state.ramp_to is not None
+        per_s = "/s" if state.ramp_rate else ""
+        ramp = f" (ramp to {state.ramp_to:,g}{per_s})"
+        if state.ramp_rate:
+            rate_target = f" · {state.target_load:,.1f}/s target{ramp}"
+        else:
+            target = f" / {state.target_load:,.0f} target{ramp}"
     if state.multi_turn:
         accuracy = f" · {state.tasks_correct / state.tasks_done:.0%} correct" if state.tasks_done else ""
         row("in flight", f"{state.tasks_in_flight:,} tasks{target} · {state.in_flight:,} turns{accuracy}")
     else:
         row("in flight", f"{state.in_flight:,}{target}")
-    row("requests/s", f"{req_s:,.1f} (last 5 s) · {run_req_s:,.1f} (run)")
+    row("requests/s", f"{req_s:,.1f} (last 5 s) · {run_req_s:,.1f} (run){rate_target}")
     row("output tok/s", f"{tok_s:,.0f} (last 5 s) · {run_tok_s:,.0f} (run)")
     row("latency", f"TTFT p50 {ms(ttft50)} · p95 {ms(ttft95)} · TPOT p50 {ms(tpot50)}")
     if state.errors:

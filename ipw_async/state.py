@@ -65,6 +65,11 @@ class RunState:
     tasks_in_flight: int = 0
     tasks_done: int = 0
     tasks_correct: int = 0
+    # a --ramp: the target it is at now (set_target) and the one it ends at; in flight, or
+    # requests/s when ramp_rate
+    target_load: float | None = None
+    ramp_to: float | None = None
+    ramp_rate: bool = False
 
     @property
     def multi_turn(self) -> bool:
@@ -74,6 +79,15 @@ class RunState:
     def units_done(self) -> int:
         """What ``planned`` counts: tasks in a multi-turn run, else requests."""
         return self.tasks_done if self.multi_turn else self.done
+
+    @property
+    def ramping(self) -> bool:
+        """A ramp is under way: its target is set and below the one it ends at."""
+        return self.ramp_to is not None and self.target_load is not None and self.target_load < self.ramp_to
+
+    def set_target(self, value: float) -> None:
+        """The load's target now: the driver's ``on_target``."""
+        self.target_load = value
 
     def task_started(self) -> None:
         self.tasks_in_flight += 1

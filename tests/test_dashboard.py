@@ -120,6 +120,20 @@ def test_multi_turn_run_counts_tasks_and_shows_turns_in_flight() -> None:
     assert "3/10 tasks done" in line and "2 tasks · 3 turns in flight" in line
 
 
+def test_a_ramping_target_shows_where_it_is_and_where_it_ends() -> None:
+    state = make_state(ramp_to=16.0)
+    state.set_target(7.0)
+    assert "3 / 7 target (ramp to 16)" in _line(_text(render(state)), "in flight")
+    state.set_target(16.0)  # the ramp is over: shown as without one
+    line = _line(_text(render(state)), "in flight")
+    assert "3 / 16 target" in line and "ramp" not in line
+    rate = make_state(label="r8", target_in_flight=None, ramp_to=8.0, ramp_rate=True)
+    rate.set_target(3.2)
+    text = _text(render(rate))
+    assert "(run) · 3.2/s target (ramp to 8/s)" in _line(text, "requests/s")
+    assert "target" not in _line(text, "in flight")
+
+
 def test_latency_percentiles_are_those_of_the_ttft_and_tpot_windows() -> None:
     line = _line(_text(render(make_state())), "TTFT")
     p50, p95 = np.percentile(TTFTS, [50, 95]) * 1000

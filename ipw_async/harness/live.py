@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Coroutine
 from dataclasses import asdict
@@ -283,7 +284,9 @@ class _LiveRun:
             writer.update(baseline_window_ns=(start, now_ns() - t0))
         if config.warmup and self.resume is None:
             state.phase = Phase.WARMUP
-            await drive(spec, ledger.units(self.workload, config.warmup, True), dispatch.execute, rng)
+            # the ramp belongs to the measured load
+            steady = dataclasses.replace(spec, ramp=None)
+            await drive(steady, ledger.units(self.workload, config.warmup, True), dispatch.execute, rng)
         state.phase = Phase.MEASURING
         state.started_ns = now_ns()
         deadline = now_ns() + int(config.duration * NS) if config.duration else None
@@ -307,7 +310,9 @@ class _LiveRun:
         tasks.start(self.watch.run())
         with gc_frozen(), self.cpu.measuring():
             units = ledger.units(self.workload, self._planned(), False)
-            load = tasks.start(drive(spec, units, dispatch.execute, rng, deadline))
+            load = tasks.start(
+                drive(spec, units, dispatch.execute, rng, deadline, on_target=state.set_target)
+            )
             ends = {load, tasks.start(self.abort.event.wait()), tasks.start(cut.wait())}
             await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
             if self.abort.event.is_set() or cut.is_set():
@@ -364,6 +369,8 @@ class _LiveRun:
             label=spec.label,
             simulated=self.config.simulated,
             target_in_flight=spec.concurrency or spec.max_concurrency,
+            ramp_to=spec.target if spec.ramp else None,
+            ramp_rate=spec.rate is not None,
             planned=self._remaining(),
             duration_s=self.config.duration,
             run_dir=str(run_dir),

@@ -35,6 +35,10 @@ from .config import RunConfig
 from .live import Display, run_benchmark
 from .sweep import level_config
 
+# An over-saturated probe never settled, so its SLO figures describe no steady state; it fails
+# as a probe whose tightest SLO was missed by its whole limit would.
+OVERSATURATED_MARGIN = -1.0
+
 
 @dataclass
 class Probe:
@@ -47,10 +51,12 @@ class Probe:
     margins: dict[str, float] = field(default_factory=dict)
     replicates: np.ndarray | None = None  # bootstrap × SLO
     figures: dict[str, Any] = field(default_factory=dict)
+    oversaturated: bool = False  # the run's summary said so: it fails, whatever its SLOs
 
     @property
     def tightest(self) -> float:
-        return min(self.margins.values(), default=-math.inf)
+        tightest = min(self.margins.values(), default=-math.inf)
+        return min(tightest, OVERSATURATED_MARGIN) if self.oversaturated else tightest
 
     @property
     def passed(self) -> bool:
@@ -63,6 +69,7 @@ class Probe:
             "status": self.status,
             "error": self.error,
             "passed": self.passed,
+            "oversaturated": self.oversaturated,
             "margins": {k: (v if math.isfinite(v) else None) for k, v in self.margins.items()},
             "figures": self.figures,
         }
@@ -176,7 +183,8 @@ def run_search(
             run = load_run(p.run_dir)
             point, boot = margins(slos, run.records, seed=base.seed + len(probes))
             p.margins = {slo.name: float(m) for slo, m in zip(slos, point, strict=True)}
-            p.replicates = boot
+            p.oversaturated = bool((run.summary.get("saturation") or {}).get("oversaturated"))
+            p.replicates = np.minimum(boot, OVERSATURATED_MARGIN) if p.oversaturated else boot
             p.figures = headline_figures(run) | _band(run.ok)
         if progress is not None:
             progress(p, len(probes))

@@ -23,6 +23,8 @@ from ..validity.precision import Estimate, batch_length, binned, met, ratio_inte
 from ..validity.saturation import Arrivals, check
 
 TICK_S = 1.0
+# batches before a precision stop: fewer, and an early lucky spread would end the run too soon
+MIN_STOP_BATCHES = 10
 
 
 class RunWatch:
@@ -123,7 +125,7 @@ class RunWatch:
         span = now - self.start_s
         batch = batch_length(span, typical, None)
         k = int(span // batch)
-        if k < 1:
+        if k < MIN_STOP_BATCHES:
             return
         ends = done[:, 0]
 

@@ -109,8 +109,10 @@ class Engine:
         self.generated_tokens = 0  # every token streamed, for the /metrics counter
         self.cache = PrefixCache() if config.prefix_cache else None
         self.step_log: list[StepEntry] = []  # format: see truth()
+        self._started_ns = now_ns()
 
     def start(self) -> None:
+        self._started_ns = now_ns()
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
@@ -171,12 +173,27 @@ class Engine:
         duration = 0.0
         if not cfg.zero_delay:
             duration = (
-                cfg.step_base_ms
-                + cfg.step_per_seq_ms * seqs
-                + cfg.step_per_prefill_token_ms * weighted
-                + cfg.step_per_context_ms * context / 1000
-            ) / 1000
+                (
+                    cfg.step_base_ms
+                    + cfg.step_per_seq_ms * seqs
+                    + cfg.step_per_prefill_token_ms * weighted
+                    + cfg.step_per_context_ms * context / 1000
+                )
+                / 1000
+                * self._slowdown()
+            )
         return prefill, decode, duration, sum(w for _, w in decode) + cfg.prefill_work * weighted
+
+    def _slowdown(self) -> float:
+        """The planted warm-up and level shift: how many times longer a step takes now."""
+        cfg = self.config
+        age = (now_ns() - self._started_ns) / 1e9
+        factor = 1.0
+        if age < cfg.slow_start_s:
+            factor *= 1 + (cfg.slow_start_factor - 1) * (1 - age / cfg.slow_start_s)
+        if cfg.slow_after_s and age >= cfg.slow_after_s:
+            factor *= cfg.slow_after_factor
+        return factor
 
     def _step_power(self, static_w: float, work: float, duration: float) -> tuple[float, float]:
         """The step's dynamic power and duration, given the power limit."""

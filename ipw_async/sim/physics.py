@@ -97,6 +97,27 @@ class EngineConfig:
         ),
     )
 
+    slow_start_s: float = field(
+        default=0.0,
+        metadata=option(
+            "Steps run slow for this many seconds after the server starts (kernels compiling, "
+            "caches warming), by --slow-start-factor at first, fading linearly (0: never)."
+        ),
+    )
+    slow_start_factor: float = field(
+        default=2.0, metadata=option("How many times longer a step takes at the server's start.")
+    )
+    slow_after_s: float = field(
+        default=0.0,
+        metadata=option(
+            "From this many seconds after the server starts, every step takes --slow-after-factor "
+            "times as long: a throttled or shared device (0: never)."
+        ),
+    )
+    slow_after_factor: float = field(
+        default=1.5, metadata=option("How many times longer a step takes after --slow-after-s.")
+    )
+
     prefix_cache: bool = field(
         default=False,
         metadata=option(
