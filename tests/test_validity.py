@@ -1,0 +1,194 @@
+"""Was a run valid: over-saturation, the steady window, the precision of its means, and the
+rules that end a run by them; the statistics on planted cases, then whole runs on the simulator."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ipw_async import run_benchmark
+from ipw_async.harness import RunConfig
+from ipw_async.harness.search import Probe
+from ipw_async.sim import EngineConfig, SimConfig
+from ipw_async.validity.precision import parse_targets, ratio_interval
+from ipw_async.validity.saturation import Arrivals, assess
+from ipw_async.validity.steady import BATCH, level_shift, mser
+
+
+def queue(rate: float, servers: int, service_s: float, seconds: float, seed: int = 0) -> Arrivals:
+    """Poisson arrivals served first come, first served by ``servers`` servers."""
+    rng = np.random.default_rng(seed)
+    arrived = np.cumsum(rng.exponential(1 / rate, int(rate * seconds * 1.2)))
+    arrived = arrived[arrived < seconds]
+    service = rng.exponential(service_s, arrived.size)
+    free = np.zeros(servers)
+    started = np.empty_like(arrived)
+    for i, a in enumerate(arrived):
+        k = int(np.argmin(free))
+        started[i] = max(a, free[k])
+        free[k] = started[i] + service[i]
+    first = started + 0.02  # a first token soon after its turn comes
+    return Arrivals(arrived, started + service, first, first - arrived)
+
+
+def test_a_queue_below_capacity_is_not_oversaturated() -> None:
+    for seed in range(5):
+        found = assess(queue(rate=7, servers=10, service_s=1.0, seconds=60, seed=seed), 0.0, 60.0)
+        assert found["oversaturated"] is False, found
+
+
+def test_a_queue_above_capacity_is_flagged_early_and_its_onset_found() -> None:
+    found = assess(queue(rate=15, servers=10, service_s=1.0, seconds=60), 0.0, 60.0)
+    assert found["oversaturated"] is True
+    assert found["detected_s"] <= 30
+    assert found["began_s"] < 10 and found["share_of_run"] > 0.8
+    # below capacity for 30 s, then above: the pile-up is placed where it began
+    calm, storm = queue(7, 10, 1.0, 30, seed=1), queue(20, 10, 1.0, 30, seed=2)
+    # the second half's queue starts where the first left off: shift it in time
+    joined = Arrivals(
+        np.r_[calm.arrived_s, storm.arrived_s + 30],
+        np.r_[calm.ended_s, storm.ended_s + 30],
+        np.r_[calm.first_token_s, storm.first_token_s + 30],
+        np.r_[calm.wait_s, storm.wait_s],
+    )
+    found = assess(joined, 0.0, 60.0)
+    assert found["oversaturated"] is True
+    assert 25 <= found["began_s"] <= 36
+    assert 0.3 <= found["share_of_run"] <= 0.6
+
+
+def test_too_short_a_run_is_not_judged() -> None:
+    found = assess(queue(15, 10, 1.0, 8), 0.0, 8.0)
+    assert found["oversaturated"] is None and "too short" in found["reason"]
+
+
+def test_mser_crops_a_planted_warmup_and_no_more() -> None:
+    rng = np.random.default_rng(3)
+    values = 1.0 + 0.05 * rng.standard_normal(600)
+    values[:80] += np.linspace(1.0, 0.0, 80)  # slow at first, settling
+    cut = mser(values)
+    assert 40 <= cut <= 100 and cut % BATCH == 0
+    assert mser(1.0 + 0.05 * rng.standard_normal(600)) <= 30  # nothing planted: little cropped
+
+
+def test_a_planted_level_shift_is_found_where_it_is() -> None:
+    rng = np.random.default_rng(4)
+    times = np.linspace(0, 60, 600)
+    values = 1.0 + 0.05 * rng.standard_normal(600)
+    assert level_shift(times, values) is None
+    values[400:] *= 1.3
+    shift = level_shift(times, values)
+    assert shift is not None
+    assert abs(shift["at_s"] - times[400]) <= 1.0
+    assert shift["change"] == pytest.approx(0.3, abs=0.05)
+
+
+def test_batch_means_intervals_cover_the_truth_about_95_percent() -> None:
+    rng = np.random.default_rng(5)
+    covered = 0
+    for _ in range(400):
+        count = rng.poisson(20, 12).astype(float)
+        energy = count * 10.0 + rng.normal(0, 8, 12)  # 10 J a query, noisy per batch
+        estimate = ratio_interval(energy, count, 1.0)
+        assert estimate is not None
+        covered += abs(estimate.mean - 10.0) <= estimate.half_width
+    assert 0.90 <= covered / 400 <= 0.99
+    assert ratio_interval(np.ones(3), np.ones(3), 1.0) is None  # under 5 batches: not known
+
+
+def test_precision_targets_parse_and_bad_ones_say_what_to_give() -> None:
+    assert parse_targets(["j_per_query=2%", "ttft=0.05"]) == {"j_per_query": 0.02, "ttft": 0.05}
+    with pytest.raises(ValueError, match="METRIC=PCT"):
+        parse_targets(["joules=2%"])
+    with pytest.raises(ValueError, match="between 0% and 100%"):
+        parse_targets(["tpot=150%"])
+    with pytest.raises(ValueError, match="needs a share"):
+        parse_targets(["tpot=fast"])
+
+
+def test_an_oversaturated_probe_fails_whatever_its_slos() -> None:
+    probe = Probe(4.0, Path("x"), status="ok", margins={"ttft_p99": 0.4}, oversaturated=True)
+    assert not probe.passed and probe.tightest <= -1.0
+    assert Probe(4.0, Path("x"), status="ok", margins={"ttft_p99": 0.4}).passed
+
+
+# A small server: 4 sequences a step, 10 ms steps, so it serves about 21 requests/s.
+SMALL = SimConfig(engine=EngineConfig(max_batch=4, step_base_ms=10.0, step_per_seq_ms=0.05), output_median=16)
+
+
+def small_config(tmp_path: Path, **overrides: object) -> RunConfig:
+    config = RunConfig(
+        output_dir=tmp_path / "run",
+        baseline_s=0.2,
+        tail_s=0.2,
+        telemetry="none",
+        max_queries=100_000,
+        sim=SMALL,
+    )
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+async def test_a_rate_far_above_capacity_is_stopped_and_every_record_kept(tmp_path: Path) -> None:
+    config = small_config(tmp_path, rate=60.0, duration=40.0, on_oversaturation="stop")
+    result = await run_benchmark(config)
+    summary = result.summary
+    assert summary["saturation"]["oversaturated"] is True
+    assert summary["stopped"].startswith("over-saturated at")
+    assert summary["saturation"]["live"]["detected_s"] <= 30
+    assert summary["window_s"] < 25  # stopped, not run to its 40 s
+    # requests in flight at the stop are cancelled and kept, not lost
+    statuses = set(result.records.get_column("status").to_list())
+    assert "cancelled" in statuses and "ok" in statuses
+    assert summary["loss"]["requests_not_recorded"] == 0
+    assert summary["steady"]["steady"] in (False, None)
+
+
+async def test_a_rate_at_two_thirds_of_capacity_is_steady_and_not_flagged(tmp_path: Path) -> None:
+    result = await run_benchmark(small_config(tmp_path, rate=14.0, duration=20.0, on_oversaturation="stop"))
+    summary = result.summary
+    assert summary["saturation"]["oversaturated"] is False and summary["stopped"] is None
+    steady = summary["steady"]
+    assert steady["steady"] is True and steady["start_s"] < steady["end_s"]
+    assert steady["requests"] > 150 and steady["latency_s"]["tpot"]["count"] > 0
+
+
+async def test_the_steady_window_crops_a_planted_warmup_and_finds_a_level_shift(tmp_path: Path) -> None:
+    engine = EngineConfig(step_base_ms=8.0, step_per_seq_ms=0.05, slow_start_s=5.0, slow_start_factor=3.0)
+    warm = await run_benchmark(
+        small_config(
+            tmp_path / "w", concurrency=8, duration=16.0, sim=SimConfig(engine=engine, output_median=16)
+        )
+    )
+    steady = warm.summary["steady"]
+    assert steady["warmup_cropped_requests"] > 0
+    assert 2.0 <= steady["start_s"] <= 8.0  # the warm-up fades over the server's first 5 s
+    shifted = EngineConfig(step_base_ms=8.0, step_per_seq_ms=0.05, slow_after_s=11.0, slow_after_factor=1.6)
+    run = await run_benchmark(
+        small_config(
+            tmp_path / "s", concurrency=8, duration=20.0, sim=SimConfig(engine=shifted, output_median=16)
+        )
+    )
+    steady = run.summary["steady"]
+    assert steady["steady"] is False and "shifts" in steady["reason"]
+    shift = steady["level_shift"]
+    # the server starts before the run's clock does: the shift lands a little before 11 s
+    assert 8.0 <= shift["at_s"] <= 12.0 and shift["change"] == pytest.approx(0.55, abs=0.2)
+
+
+async def test_a_run_stops_once_its_means_are_known_to_the_precision_asked(tmp_path: Path) -> None:
+    config = small_config(tmp_path, concurrency=4, duration=60.0, until_precision={"tpot": 0.02, "e2e": 0.05})
+    result = await run_benchmark(config)
+    summary = result.summary
+    assert summary["complete"] is True
+    assert summary["stopped"].startswith("precision reached")
+    assert summary["window_s"] < 45
+    live = summary["precision"]["live"]
+    assert live["reached_s"] is not None
+    assert live["estimates"]["tpot"]["relative"] <= 0.02 and live["estimates"]["e2e"]["relative"] <= 0.05
+    final = summary["precision"]["metrics"]
+    assert final["tpot"]["target"] == 0.02 and math.isfinite(final["tpot"]["relative"])
