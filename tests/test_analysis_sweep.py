@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +23,8 @@ from typer.testing import CliRunner
 
 from ipw_async.analysis import analyze, load_run, plot_run
 from ipw_async.analysis.constraints import best_levels
-from ipw_async.analysis.sweep import SweepResult, judge
+from ipw_async.analysis.knee import find_knee
+from ipw_async.analysis.sweep import SweepResult, judge, knee_lines, levels_of, oversaturated, write_sweep
 from ipw_async.cli import app
 from ipw_async.harness import RunConfig
 from ipw_async.harness.sweep import run_sweep
@@ -108,6 +111,7 @@ def test_sweep_writes_every_file(sweep: SweepResult, drawn: dict[str, dict[str, 
         "levels": 2,
         "accepted": 2,
         "rejected": 0,
+        "runs_oversaturated": 0,
     }
     assert summary["simulated"] and summary["complete"]
     assert summary["best"]["throughput"]["level"] in ("c2", "c4")
@@ -240,3 +244,217 @@ def test_ctrl_c_stops_the_sweep_and_keeps_what_it_has(tmp_path: Path) -> None:
     assert [r["status"] for r in rows] == ["interrupted"]
     summary = files.read_json(out / "sweep" / "summary.json")
     assert summary["interrupted"] and summary["counts"]["runs_planned"] == 4
+
+
+LOADS = np.array([1, 2, 4, 8, 16, 32, 64], dtype=float)
+
+
+@pytest.mark.parametrize(
+    ("loads", "throughput", "knee"),
+    [
+        (LOADS, 100 * np.minimum(LOADS, 8), 8),  # in proportion up to 8, flat after
+        (LOADS, 100 * LOADS / (1 + LOADS / 16), 8),  # smooth saturation, half-way at 16
+        (np.array([1, 2, 3, 4, 6, 8, 10, 12]), 50 * np.minimum([1, 2, 3, 4, 6, 8, 10, 12], 6), 6),
+    ],
+)
+def test_knee_finds_where_throughput_stops_growing(
+    loads: np.ndarray, throughput: np.ndarray, knee: float
+) -> None:
+    found = find_knee(loads, throughput)
+    assert found.found and found.reason is None
+    # within one level of the bend
+    at = int(np.flatnonzero(loads == found.load)[0])
+    assert abs(at - int(np.flatnonzero(loads == knee)[0])) <= 1
+    assert found.value == pytest.approx(throughput[at])
+    assert found.distance is not None and found.distance >= 0.1
+
+
+def test_knee_of_a_sharp_bend_is_the_bend() -> None:
+    found = find_knee(LOADS, 100 * np.minimum(LOADS, 8))
+    assert (found.load, found.value, found.log_x, found.log_y) == (8.0, 800.0, True, True)
+    assert found.distance == pytest.approx(0.5)  # halfway along log load, already at the top
+
+
+@pytest.mark.parametrize(
+    ("loads", "values", "decreasing"),
+    [
+        (LOADS, 3.0 * LOADS, False),  # throughput in proportion to load all the way
+        (np.array([1.0, 2, 3, 4, 5]), np.array([2.0, 4, 6, 8, 10]), False),
+        (LOADS, 1.3 / LOADS, True),  # J/token falling in proportion to load, never flattening
+    ],
+)
+def test_a_straight_line_has_no_knee(loads: np.ndarray, values: np.ndarray, decreasing: bool) -> None:
+    found = find_knee(loads, values, decreasing=decreasing)
+    assert found.load is None and found.value is None and not found.found
+    assert found.reason is not None and found.reason.startswith("no knee")
+    assert found.distance is not None and found.distance < 0.1
+
+
+def test_fewer_than_three_points_have_no_knee() -> None:
+    found = find_knee([1, 2], [10, 20])
+    assert found.load is None and found.distance is None
+    assert found.reason == "2 load(s) with the metric; a knee needs at least 3"
+    # a level without the metric (NaN) does not count: missing is not zero
+    found = find_knee([1, 2, 4], [10, float("nan"), 20])
+    assert found.load is None and found.reason is not None and found.reason.startswith("2 load(s)")
+
+
+def test_a_flat_metric_has_no_knee() -> None:
+    found = find_knee(LOADS, [100, 101, 99, 100, 100, 101, 100])
+    assert found.load is None and found.reason is not None and found.reason.startswith("flat")
+
+
+def test_energy_knee_is_where_j_per_token_flattens() -> None:
+    j_per_token = np.maximum(1.6 / LOADS, 0.2)  # falls in proportion up to 8, flat from there
+    found = find_knee(LOADS, j_per_token, decreasing=True)
+    assert (found.load, found.value) == (8.0, 0.2)
+    # the falling curve is not mistaken for a rising one
+    assert find_knee(LOADS, j_per_token).load != 8.0
+    # the sweep in docs/analysis.md: "falling steeply up to 16 in flight and flattening by 64"
+    doc = find_knee([1, 4, 16, 64], [1.6, 0.667, 0.382, 0.31], decreasing=True)
+    assert doc.load == 16.0
+
+
+def test_two_levels_have_no_knees(sweep: SweepResult) -> None:
+    knees = files.read_json(sweep.sweep_dir / "summary.json")["knees"]
+    assert knees["throughput"] is None and knees["energy"] is None
+    assert knees["reasons"] == {
+        "throughput": "throughput_tok_s: 2 load(s) with the metric; a knee needs at least 3",
+        "energy": "j_per_token: 2 load(s) with the metric; a knee needs at least 3",
+    }
+    assert knee_lines(knees)[0].startswith("throughput knee (stops growing with load): none (")
+
+
+@pytest.fixture(scope="module")
+def saturating(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[SweepResult, dict[str, list[tuple[str, float]]]]:
+    """A real sweep on a simulated server that decodes at most 2 sequences at once, and the
+    knee marks on each plot it saved (plot -> [(label, x)])."""
+    base = RunConfig(dataset="qa", max_queries=12, baseline_s=0, tail_s=0.2)
+    base.sim.output_median = 8
+    base.sim.engine.max_batch = 2  # throughput stops growing past 2 in flight
+    marks: dict[str, list[tuple[str, float]]] = {}
+    save = Figure.savefig
+
+    def spy(fig: Figure, path: Path, *args: object, **kwargs: object) -> None:
+        found = marks.setdefault(Path(path).name, [])
+        for ax in fig.axes:
+            found += [
+                (f"{ax.get_ylabel()}: {line.get_label()}", float(line.get_xdata()[0])) for line in ax.lines
+            ]
+            found += [(f"{ax.get_ylabel()}: {c.get_label()}", math.nan) for c in ax.collections]
+            found += [(f"{ax.get_ylabel()}: text {t.get_text()}", math.nan) for t in ax.texts]
+        save(fig, path, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Figure, "savefig", spy)
+        result = run_sweep(base, [1, 2, 8], None, 1, tmp_path_factory.mktemp("saturating"), {}, display=None)
+    return result, marks
+
+
+def test_knees_of_a_saturating_sweep(
+    saturating: tuple[SweepResult, dict[str, list[tuple[str, float]]]],
+) -> None:
+    result, _ = saturating
+    summary = files.read_json(result.sweep_dir / "summary.json")
+    knees = summary["knees"]
+    means = {lv["level"]: lv["means"] for lv in result.levels}
+    assert means["c8"]["throughput_tok_s"] < 1.2 * means["c2"]["throughput_tok_s"]  # it did saturate
+    assert knees["reasons"] == {"throughput": None, "energy": None}
+    assert knees["throughput"] == {
+        "level": "c2",
+        "load": 2,
+        "metric": "throughput_tok_s",
+        "value": pytest.approx(means["c2"]["throughput_tok_s"]),
+        "distance": pytest.approx(knees["throughput"]["distance"]),
+        "scale": "log2 load, log2 metric",
+        "method": "kneedle",
+    }
+    assert knees["throughput"]["distance"] > 0.3
+    assert knees["energy"]["level"] == "c2" and knees["energy"]["metric"] == "j_per_token"
+    assert knees["energy"]["value"] == pytest.approx(means["c2"]["j_per_token"])
+    assert knees["method"].startswith("Kneedle")
+    assert knee_lines(knees) == [
+        f"throughput knee (stops growing with load): c2 (throughput_tok_s {knees['throughput']['value']:.4g})",
+        f"energy knee (J per unit stops falling): c2 (j_per_token {knees['energy']['value']:.4g})",
+    ]
+
+
+def test_knees_are_marked_on_the_plots(
+    saturating: tuple[SweepResult, dict[str, list[tuple[str, float]]]],
+) -> None:
+    _, marks = saturating
+    load = marks["load_vs_energy.png"]
+    for panel, name in (
+        ("energy per query (J)", "energy"),
+        ("energy per output token (J)", "energy"),
+        ("output throughput (tok/s)", "throughput"),
+    ):
+        assert (f"{panel}: {name} knee", 2.0) in load  # the vertical line at c2
+        assert f"{panel}: text {name} knee c2" in [label for label, _ in load]
+    assert not any("knee" in label for label, _ in load if label.startswith("TTFT"))
+    ring = [label for label, _ in marks["throughput_vs_latency.png"] if "knee" in label]
+    assert ring == ["output throughput (tok/s): throughput knee (c2)"]
+
+
+def _copy_sweep(sweep: SweepResult, out: Path) -> list[dict[str, object]]:
+    """The fixture sweep's run rows, pointing at copies of its run directories under ``out``."""
+    rows = []
+    for row in sweep.runs:
+        run_dir = out / Path(row["run_dir"]).name
+        shutil.copytree(row["run_dir"], run_dir)
+        rows.append({k: v for k, v in row.items() if k != "oversaturated"} | {"run_dir": str(run_dir)})
+    return rows
+
+
+def _set_saturation(run_dir: str | object, verdict: bool | None) -> None:
+    path = Path(str(run_dir)) / files.SUMMARY
+    summary = json.loads(path.read_text())
+    summary["saturation"] = {
+        "oversaturated": verdict,
+        "reason": "test",
+        "began_s": None,
+        "share_of_run": None,
+    }
+    path.write_text(json.dumps(summary))
+
+
+def test_an_oversaturated_repeat_fails_its_level(sweep: SweepResult, tmp_path: Path) -> None:
+    rows = _copy_sweep(sweep, tmp_path)
+    by_name = {Path(str(r["run_dir"])).name: r for r in rows}
+    _set_saturation(by_name["c4_r1"]["run_dir"], True)
+    _set_saturation(by_name["c4_r0"]["run_dir"], False)
+    _set_saturation(by_name["c2_r0"]["run_dir"], None)  # null: not judged; c2_r1 has no key at all
+    _, levels = levels_of([2, 4], None)
+    result = write_sweep(tmp_path, "concurrency", levels, rows, {}, {}, True, 2, False)
+    judged = {lv["level"]: lv for lv in files.read_json(result.sweep_dir / "summary_stats.json")["levels"]}
+    assert (judged["c4"]["oversaturated_repeats"], judged["c4"]["saturation_judged"]) == (1, 2)
+    assert (judged["c2"]["oversaturated_repeats"], judged["c2"]["saturation_judged"]) == (0, 0)
+    summary = files.read_json(result.sweep_dir / "summary.json")
+    verdicts = {
+        j["level"]: (j["accepted"], j["reasons"], j["oversaturated_repeats"]) for j in summary["judgement"]
+    }
+    assert verdicts == {"c2": (True, [], 0), "c4": (False, ["over-saturated in 1 of 2 repeats"], 1)}
+    assert summary["counts"]["runs_oversaturated"] == 1
+    assert summary["counts"]["accepted"] == 1 and summary["counts"]["rejected"] == 1
+    raw = {Path(r["run_dir"]).name: r["oversaturated"] for r in read_csv(result.sweep_dir / "raw_runs.csv")}
+    assert raw == {"c2_r0": "", "c2_r1": "", "c4_r0": "false", "c4_r1": "true"}
+    # the best levels are picked from the accepted ones only
+    assert summary["best"]["throughput"]["level"] == "c2"
+
+
+def test_oversaturation_adds_to_other_violations(sweep: SweepResult) -> None:
+    levels = [dict(lv) | {"oversaturated_repeats": 2} for lv in sweep.levels]
+    judge(levels, {"min_accuracy": 1.01})
+    assert all(lv["reasons"][1:] == ["over-saturated in 2 of 2 repeats"] for lv in levels)
+    assert all(lv["reasons"][0].startswith("accuracy") and not lv["accepted"] for lv in levels)
+
+
+def test_a_stale_summary_is_not_read(sweep: SweepResult, tmp_path: Path) -> None:
+    """A run refused before it started (no figures read) may sit on an older run's files."""
+    row = _copy_sweep(sweep, tmp_path)[0]
+    _set_saturation(row["run_dir"], True)
+    assert oversaturated(row) is True
+    assert oversaturated(row | {"status": "failed", "requests_measured": None}) is None
+    assert oversaturated(row | {"run_dir": str(tmp_path / "missing")}) is None

@@ -1,6 +1,9 @@
 """A sweep's statistics: per level over its repeats, judged against constraints, with Pareto
-frontiers, written to ``<out_dir>/sweep/``. The runs themselves are the harness's
-(:mod:`ipw_async.harness.sweep`).
+frontiers and the knees of the load curves, written to ``<out_dir>/sweep/``. The runs
+themselves are the harness's (:mod:`ipw_async.harness.sweep`).
+
+A level fails when any repeat's run summary says it was over-saturated; a run whose summary
+has no verdict (older runs, or one cut short) is not judged on it.
 """
 
 from __future__ import annotations
@@ -9,12 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from ..load import LoadSpec
 from ..rundir import files
 from .constraints import BEST, best_levels, violations
 from .headline import FIGURES
+from .knee import FLAT, THRESHOLD, find_knee
 from .pareto import pareto_front
 from .plotting import PlotReport
 from .repeats import mean_ci
@@ -42,7 +47,28 @@ FRONTIERS: dict[str, dict[str, str]] = {
     "latency": {"accuracy": "max", "e2e_p50_s": "min"},
     "energy": {"accuracy": "max", "j_per_query": "min"},
 }
-RUN_COLUMNS = ("level", "value", "repeat", "seed", "run_dir", "status", "complete", "simulated", "error")
+RUN_COLUMNS = (
+    "level",
+    "value",
+    "repeat",
+    "seed",
+    "run_dir",
+    "status",
+    "complete",
+    "simulated",
+    "oversaturated",
+    "error",
+)
+# knee name -> (metrics in order of preference, whether the metric falls with load)
+KNEES: dict[str, tuple[tuple[str, ...], bool]] = {
+    "throughput": (("throughput_tok_s", "throughput_rps"), False),
+    "energy": (("j_per_token", "j_per_query"), True),
+}
+KNEE_METHOD = (
+    "Kneedle over the level means: log2 load and log2 metric (linear where not all positive), "
+    "each scaled to [0, 1], a falling metric flipped; the knee is the level furthest above the "
+    f"chord, none when that is under {THRESHOLD:g} or the metric varies by under {FLAT:.0%}"
+)
 
 
 @dataclass
@@ -79,8 +105,25 @@ def levels_of(concurrency: list[int] | None, rates: list[float] | None) -> tuple
     return "rate", [Level(f"rate{LoadSpec(rate=r).rate:g}", r, None, r) for r in rates]
 
 
+def oversaturated(row: dict[str, Any]) -> bool | None:
+    """The run's own over-saturation verdict from its ``summary.json``; None when it has none.
+
+    Only for a run whose figures were read: a run refused before it started may have found an
+    older run's files in its directory.
+    """
+    if row["status"] != "ok" and row.get("requests_measured") is None:
+        return None
+    try:
+        summary = files.read_json(Path(row["run_dir"]) / files.SUMMARY)
+    except (OSError, ValueError, TypeError):
+        return None
+    verdict = (summary.get("saturation") or {}).get("oversaturated")
+    return verdict if isinstance(verdict, bool) else None
+
+
 def level_stats(levels: list[Level], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per level: run counts and mean/std/ci95 of each metric over its successful runs."""
+    """Per level: run counts, over-saturated repeats and mean/std/ci95 of each metric over its
+    successful runs."""
     out = []
     for level in levels:
         runs = [r for r in rows if r["level"] == level.label]
@@ -92,6 +135,9 @@ def level_stats(levels: list[Level], rows: list[dict[str, Any]]) -> list[dict[st
                 "value": level.value,
                 "runs": len(runs),
                 "ok_runs": len(ok),
+                # over all repeats, failed ones too: a run stopped for over-saturation still says so
+                "oversaturated_repeats": sum(r.get("oversaturated") is True for r in runs),
+                "saturation_judged": sum(r.get("oversaturated") is not None for r in runs),
                 "stats": stats,
                 "means": {m: s["mean"] for m, s in stats.items()},
             }
@@ -108,7 +154,56 @@ def judge(stats: list[dict[str, Any]], limits: dict[str, float]) -> None:
             reasons = ["no successful run"]
         else:
             reasons = violations(lv["means"], limits)
+        if over := lv.get("oversaturated_repeats", 0):
+            reasons = [*reasons, f"over-saturated in {over} of {lv['runs']} repeats"]
         lv["accepted"], lv["reasons"] = not reasons, reasons
+
+
+def knees(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The throughput and energy knees over the level means, each None with a reason when
+    there is none (see :mod:`ipw_async.analysis.knee`)."""
+    out: dict[str, Any] = {"method": KNEE_METHOD, "reasons": {}}
+    for name, (metrics, decreasing) in KNEES.items():
+        have = {m: [lv for lv in stats if lv["means"].get(m) is not None] for m in metrics}
+        # the first metric measured at enough levels; J/query stands in where tokens are not counted
+        metric = next((m for m in metrics if len(have[m]) >= 3), metrics[0])
+        points = have[metric]
+        found = find_knee(
+            np.array([lv["value"] for lv in points], dtype=float),
+            np.array([lv["means"][metric] for lv in points], dtype=float),
+            decreasing=decreasing,
+        )
+        if not found.found:
+            out[name], out["reasons"][name] = None, f"{metric}: {found.reason}"
+            continue
+        level = next(lv for lv in points if lv["value"] == found.load)
+        out[name] = {
+            "level": level["level"],
+            "load": level["value"],
+            "metric": metric,
+            "value": found.value,
+            "distance": found.distance,  # height above the chord, scaled: how sharp the knee is
+            "scale": f"{'log2' if found.log_x else 'linear'} load, {'log2' if found.log_y else 'linear'} metric",
+            "method": "kneedle",
+        }
+        out["reasons"][name] = None
+    return out
+
+
+def knee_lines(found: dict[str, Any]) -> list[str]:
+    """One line per knee for a terminal: the level, or why there is none."""
+    what = {
+        "throughput": "throughput knee (stops growing with load)",
+        "energy": "energy knee (J per unit stops falling)",
+    }
+    lines = []
+    for name, label in what.items():
+        knee = found.get(name)
+        if knee is None:
+            lines.append(f"{label}: none ({found['reasons'].get(name)})")
+        else:
+            lines.append(f"{label}: {knee['level']} ({knee['metric']} {knee['value']:.4g})")
+    return lines
 
 
 def frontiers(stats: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -161,12 +256,16 @@ def write_sweep(
 
     sweep_dir = out_dir / "sweep"
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    for row in rows:  # the harness may have set it already
+        if "oversaturated" not in row:
+            row["oversaturated"] = oversaturated(row)
     _frame(rows, [*RUN_COLUMNS, *FIGURES]).write_csv(sweep_dir / "raw_runs.csv")
     stats = level_stats(levels, rows)
     judge(stats, limits)
     _stats_frame(stats).write_csv(sweep_dir / "summary_stats.csv")
     files.write_json(sweep_dir / "summary_stats.json", {"mode": mode, "levels": stats})
     fronts = frontiers(stats)
+    found = knees(stats)
     for name, front in fronts.items():
         _frame(front, ["level", "value", *FRONTIERS[name]]).write_csv(
             sweep_dir / f"pareto_frontier_{name}.csv"
@@ -189,9 +288,14 @@ def write_sweep(
             "levels": len(stats),
             "accepted": len(accepted),
             "rejected": len(stats) - len(accepted),
+            "runs_oversaturated": sum(r["oversaturated"] is True for r in rows),
         },
         "judgement": [
-            {k: lv[k] for k in ("level", "value", "accepted", "reasons", "runs", "ok_runs")} for lv in stats
+            {
+                k: lv[k]
+                for k in ("level", "value", "accepted", "reasons", "runs", "ok_runs", "oversaturated_repeats")
+            }
+            for lv in stats
         ],
         "best": best_levels(stats),
         "best_criteria": {name: f"{d} {metric}" for name, (metric, d) in BEST.items()},
@@ -203,9 +307,10 @@ def write_sweep(
             }
             for name, front in fronts.items()
         },
+        "knees": found,
         "base_config": base_config,
     }
     files.write_json(sweep_dir / "summary.json", summary)
     result = SweepResult(out_dir, mode, rows, stats, summary, interrupted)
-    result.plots = plot_sweep(mode, stats, rows, fronts, sweep_dir / "plots", simulated)
+    result.plots = plot_sweep(mode, stats, rows, fronts, sweep_dir / "plots", simulated, found)
     return result

@@ -1,4 +1,9 @@
-"""PNG figures of a sweep: load against energy, throughput against latency, accuracy trade-offs."""
+"""PNG figures of a sweep: load against energy, throughput against latency, accuracy trade-offs.
+
+The knees (:func:`ipw_async.analysis.sweep.knees`) are marked where their metric is drawn:
+the energy knee on the energy panels, the throughput knee on the throughput panel and, ringed,
+at its level on the throughput-vs-latency plot.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +31,9 @@ AXES: dict[str, tuple[str, float]] = {
 }
 LOAD_PANELS = ("j_per_query", "j_per_token", "ttft_p50_s", "throughput_tok_s")
 TASK_PANELS = ("j_per_task", "task_wall_p50_s", "tasks_per_s", "task_success")
+# panel -> the knee marked on it
+KNEE_PANELS = {"j_per_query": "energy", "j_per_token": "energy", "throughput_tok_s": "throughput"}
+KNEE_COLORS = {"energy": "tab:green", "throughput": "tab:purple"}
 
 
 def _mean(lv: dict[str, Any], metric: str) -> float | None:
@@ -92,12 +100,28 @@ def _load_axis(ax: Axes, mode: str, stats: list[dict[str, Any]], tasks: bool = F
     ax.set_xlabel(f"concurrency ({unit} in flight)" if mode == "concurrency" else f"arrival rate ({unit}/s)")
 
 
+def mark_knee(ax: Axes, name: str, knee: dict[str, Any]) -> None:
+    """A dashed vertical line at the knee's load, labelled at the top of the axes."""
+    color = KNEE_COLORS[name]
+    ax.axvline(knee["load"], color=color, ls="--", lw=1.2, label=f"{name} knee")
+    ax.annotate(
+        f"{name} knee {knee['level']}",
+        (knee["load"], 1.0),
+        xycoords=ax.get_xaxis_transform(),  # x in load, y at the top of the axes
+        xytext=(3, -10),
+        textcoords="offset points",
+        fontsize=8,
+        color=color,
+    )
+
+
 def load_vs_energy(
     mode: str,
     stats: list[dict[str, Any]],
     rows: list[dict[str, Any]],
     simulated: bool,
     panels: tuple[str, ...] = LOAD_PANELS,
+    knees: dict[str, Any] | None = None,
 ) -> Figure:
     if not any(_has(stats, m) for m in panels):
         raise SkipPlot(f"no level has any of {', '.join(AXES[m][0] for m in panels)}")
@@ -108,6 +132,9 @@ def load_vs_energy(
         if _has(stats, metric):
             run_points(ax, rows, "value", metric)
             level_points(ax, stats, "value", metric, annotate=False)
+            knee = (knees or {}).get(KNEE_PANELS.get(metric, ""))
+            if knee is not None:
+                mark_knee(ax, KNEE_PANELS[metric], knee)
         else:
             ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
         _load_axis(ax, mode, stats, tasks)
@@ -119,15 +146,32 @@ def load_vs_energy(
 
 
 def trade_off(
-    x: str, y: str, stats: list[dict[str, Any]], rows: list[dict[str, Any]], simulated: bool
+    x: str,
+    y: str,
+    stats: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    simulated: bool,
+    knee: dict[str, Any] | None = None,
 ) -> Figure:
-    """One metric against another: every run, and the level means with their CIs."""
+    """One metric against another: every run, and the level means with their CIs; ``knee``
+    (a knee of :func:`~ipw_async.analysis.sweep.knees`) rings its level."""
     if not _has(stats, x, y):
         raise SkipPlot(f"no level has both {AXES[x][0]} and {AXES[y][0]}")
     fig = new_figure()
     ax = fig.add_subplot()
     run_points(ax, rows, x, y)
     level_points(ax, stats, x, y)
+    at = next((lv for lv in stats if knee and lv["level"] == knee["level"]), None)
+    if at is not None and _mean(at, x) is not None and _mean(at, y) is not None:
+        ax.scatter(
+            [_mean(at, x) * _scale(x)],  # type: ignore[operator]
+            [_mean(at, y) * _scale(y)],  # type: ignore[operator]
+            s=260,
+            facecolors="none",
+            edgecolors=KNEE_COLORS["throughput"],
+            linewidths=1.8,
+            label=f"throughput knee ({at['level']})",
+        )
     ax.set_xlabel(AXES[x][0])
     ax.set_ylabel(AXES[y][0])
     ax.legend(fontsize=8)
@@ -170,10 +214,17 @@ def plot_sweep(
     fronts: dict[str, list[dict[str, Any]]],
     out_dir: Path,
     simulated: bool,
+    knees: dict[str, Any] | None = None,
 ) -> PlotReport:
     """Write the sweep's plots into ``out_dir``; a plot whose data is missing is skipped."""
     report = PlotReport()
-    render(report, out_dir, "load_vs_energy", partial(load_vs_energy, mode, stats, rows, simulated))
+    knees = knees or {}
+    render(
+        report,
+        out_dir,
+        "load_vs_energy",
+        partial(load_vs_energy, mode, stats, rows, simulated, LOAD_PANELS, knees),
+    )
     if _has(stats, "j_per_task"):  # an agentic or multi-turn sweep: the same curves per task
         render(
             report,
@@ -185,7 +236,7 @@ def plot_sweep(
         report,
         out_dir,
         "throughput_vs_latency",
-        partial(trade_off, "e2e_p50_s", "throughput_tok_s", stats, rows, simulated),
+        partial(trade_off, "e2e_p50_s", "throughput_tok_s", stats, rows, simulated, knees.get("throughput")),
     )
     render(
         report,

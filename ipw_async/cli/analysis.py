@@ -185,8 +185,9 @@ def sweep(
 
     Any `ipw-async run` option may follow (e.g. -n 100 --dataset synthetic --base-url URL); every run draws the same queries (same dataset and --max-queries); repeat r runs with seed + r (arrivals and the simulator), while synthetic lengths keep the base seed so every repeat sends the same queries.
 
-    Writes raw_runs.csv, summary_stats.csv/.json, the Pareto frontiers, summary.json (levels accepted or rejected by the constraints, and the best) and plots under OUTPUT_DIR/sweep/. Ctrl-C stops the sweep and still writes the results of the runs that finished.
+    Writes raw_runs.csv, summary_stats.csv/.json, the Pareto frontiers, summary.json (levels accepted or rejected by the constraints or for over-saturation, the best, and the throughput and energy knees) and plots under OUTPUT_DIR/sweep/. Ctrl-C stops the sweep and still writes the results of the runs that finished.
     """
+    from ..analysis.sweep import knee_lines
     from ..harness.sweep import default_sweep_dir, run_sweep
 
     try:
@@ -218,6 +219,8 @@ def sweep(
         raise fail(str(exc)) from None
     if not quiet:
         out.print(_sweep_table(result))
+        for line in knee_lines(result.summary["knees"]):
+            out.print(line, markup=False)
         for name, reason in result.plots.skipped.items():
             out.print(f"[yellow]plot skipped[/] {name}: {reason}")
     if result.interrupted:
