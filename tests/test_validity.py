@@ -71,7 +71,10 @@ def test_mser_crops_a_planted_warmup_and_no_more() -> None:
     values[:80] += np.linspace(1.0, 0.0, 80)  # slow at first, settling
     cut = mser(values)
     assert 40 <= cut <= 100 and cut % BATCH == 0
-    assert mser(1.0 + 0.05 * rng.standard_normal(600)) <= 30  # nothing planted: little cropped
+    assert mser(1.0 + 0.05 * rng.standard_normal(600)) == 0  # nothing planted: nothing cropped
+    drift = 1.0 + 0.002 * rng.standard_normal(600)
+    drift[:150] *= 1.012  # a 1% step on a tight series is no warm-up
+    assert mser(drift) == 0
 
 
 def test_a_planted_level_shift_is_found_where_it_is() -> None:
