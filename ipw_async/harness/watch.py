@@ -28,6 +28,8 @@ MIN_STOP_BATCHES = 10
 
 
 class RunWatch:
+    """Hears every measured request sent and ended (from the ledger), and looks once a tick."""
+
     def __init__(
         self,
         t0_ns: int,
