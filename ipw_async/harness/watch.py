@@ -19,12 +19,31 @@ from .._clock import NS, now_ns
 from ..records import RequestRecord
 from ..telemetry import TelemetryLog
 from ..telemetry.base import Meter
-from ..validity.precision import Estimate, batch_length, binned, met, ratio_interval
-from ..validity.saturation import Arrivals, check
+from ..validity.precision import Batches, Estimate, batch_length, met, ratio_interval
+from ..validity.saturation import WINDOW_S, Arrivals, check
 
 TICK_S = 1.0
 # batches before a precision stop: fewer, and an early lucky spread would end the run too soon
 MIN_STOP_BATCHES = 10
+LATENCIES = {"ttft": 1, "tpot": 2, "e2e": 3}  # their columns in RunWatch.done
+
+
+class Rows:
+    """Rows of floats added one at a time, read as one array without copying them."""
+
+    def __init__(self, width: int) -> None:
+        self._data = np.empty((1024, width))
+        self._count = 0
+
+    def add(self, *row: float) -> None:
+        if self._count == len(self._data):
+            self._data = np.concatenate([self._data, np.empty_like(self._data)])
+        self._data[self._count] = row
+        self._count += 1
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self._data[: self._count]
 
 
 class RunWatch:
@@ -52,13 +71,10 @@ class RunWatch:
         self.note = note
         self.ramp_s = ramp_s or 0.0
         self.start_s = (now_ns() - t0_ns) / NS
-        self.sent: list[float] = []
-        self.ended: list[float] = []
-        self.first_token: list[float] = []
-        self.wait: list[float] = []
-        self.done: list[
-            tuple[float, float, float, float, float, float]
-        ] = []  # end, ttft, tpot, e2e, tokens, 1
+        # appended in time order, so each stays sorted by its first column
+        self.sent = Rows(1)  # when
+        self.ended = Rows(3)  # when, its first token (NaN: none), the wait for it
+        self.done = Rows(6)  # the ok ones: when, ttft, tpot, e2e, output tokens, 1
         self.energy: list[tuple[float, float]] = []  # (s, accelerator J since the watch began)
         self.detected: dict[str, Any] | None = None
         self.estimates: dict[str, Estimate | None] = {}
@@ -66,25 +82,23 @@ class RunWatch:
         self._counters: dict[str, float] = {}
 
     def request_sent(self) -> None:
-        self.sent.append(self._now())
+        self.sent.add(self._now())
 
     def request_ended(self, record: RequestRecord) -> None:
         end = self._now()
-        self.ended.append(end)
+        nan = float("nan")
+        first = wait = nan
         if record.first_token_ns is not None and record.sent_ns is not None:
-            self.first_token.append(record.first_token_ns / NS)
-            self.wait.append((record.first_token_ns - record.sent_ns) / NS)
+            first, wait = record.first_token_ns / NS, (record.first_token_ns - record.sent_ns) / NS
+        self.ended.add(end, first, wait)
         if record.status == "ok":
-            nan = float("nan")
-            self.done.append(
-                (
-                    end,
-                    record.ttft_s if record.ttft_s is not None else nan,
-                    record.tpot_s if record.tpot_s is not None else nan,
-                    record.e2e_latency_s if record.e2e_latency_s is not None else nan,
-                    float(record.output_tokens or 0),
-                    1.0,
-                )
+            self.done.add(
+                end,
+                nan if record.ttft_s is None else record.ttft_s,
+                nan if record.tpot_s is None else record.tpot_s,
+                nan if record.e2e_latency_s is None else record.e2e_latency_s,
+                float(record.output_tokens or 0),
+                1.0,
             )
 
     async def run(self) -> None:
@@ -107,9 +121,12 @@ class RunWatch:
 
     def _saturation(self, now: float) -> None:
         start = self.start_s + self.ramp_s
-        arrivals = Arrivals(
-            np.array(self.sent), np.array(self.ended), np.array(self.first_token), np.array(self.wait)
-        )
+        # only the window's requests, and a count of those outstanding when it began: a look
+        # costs the window, not the run, on the event loop
+        lo = max(start, now - WINDOW_S)
+        sent, ended = self.sent.rows[:, 0], self.ended.rows
+        i, j = int(np.searchsorted(sent, lo)), int(np.searchsorted(ended[:, 0], lo))
+        arrivals = Arrivals(sent[i:], ended[j:, 0], ended[j:, 1], ended[j:, 2], already=i - j)
         found = check(arrivals, start, now)
         if found is None or not found.oversaturated:
             return
@@ -120,35 +137,24 @@ class RunWatch:
             self.note(f"over-saturated: {found.describe()}; the run goes on (--on-oversaturation flag)")
 
     def _precision(self, now: float) -> None:
-        if not self.done:
+        done = self.done.rows
+        if not done.size:
             return
-        done = np.array(self.done)
-        typical = float(np.nanmedian(done[:, 3])) if np.isfinite(done[:, 3]).any() else None
+        recent = done[-1000:, 3]  # a typical request lately: enough to size the batches
+        typical = float(np.nanmedian(recent)) if np.isfinite(recent).any() else None
         span = now - self.start_s
         batch = batch_length(span, typical, None)
         k = int(span // batch)
         if k < MIN_STOP_BATCHES:
             return
-        ends = done[:, 0]
-
-        def per(column: int, weight: int = 5) -> Estimate | None:
-            values = done[:, column]
-            have = np.isfinite(values)
-            return ratio_interval(
-                binned(ends, np.where(have, values, np.nan), self.start_s, batch, k),
-                binned(ends, np.where(have, done[:, weight], np.nan), self.start_s, batch, k),
-                batch,
-            )
-
-        self.estimates = {"ttft": per(1), "tpot": per(2), "e2e": per(3)}
+        batches = Batches(done[:, 0], self.start_s, batch, k)
+        self.estimates = {name: batches.mean(done[:, column]) for name, column in LATENCIES.items()}
         if self.meters and self.energy:
             times, joules = np.array(self.energy).T
             edges = self.start_s + batch * np.arange(k + 1)
             per_batch = np.diff(np.interp(edges, np.r_[self.start_s, times], np.r_[0.0, joules]))
-            queries = binned(ends, done[:, 5], self.start_s, batch, k)
-            tokens = binned(ends, done[:, 4], self.start_s, batch, k)
-            self.estimates["j_per_query"] = ratio_interval(per_batch, queries, batch)
-            self.estimates["j_per_token"] = ratio_interval(per_batch, tokens, batch)
+            self.estimates["j_per_query"] = ratio_interval(per_batch, batches.sum(done[:, 5]), batch)
+            self.estimates["j_per_token"] = ratio_interval(per_batch, batches.sum(done[:, 4]), batch)
         if met(self.estimates, self.targets):
             self.reached_s = now
             reached = ", ".join(

@@ -83,12 +83,31 @@ def batch_length(span_s: float, typical_latency_s: float | None, counter_period_
     return max(span_s / TARGET_BATCHES, floor)
 
 
-def binned(times_s: np.ndarray, values: np.ndarray, start_s: float, batch_s: float, k: int) -> np.ndarray:
-    """``values`` summed per batch of ``batch_s`` from ``start_s`` (the last ``k`` batches' worth
-    only: anything after the k-th batch is left out)."""
-    slot = np.floor((times_s - start_s) / batch_s).astype(int)
-    keep = (slot >= 0) & (slot < k) & np.isfinite(values)
-    return np.bincount(slot[keep], weights=values[keep], minlength=k)[:k]
+class Batches:
+    """Batches of ``batch_s`` from ``start_s``, ``k`` of them (anything after is left out):
+    where each item falls is found once, for every figure summed over them."""
+
+    def __init__(self, times_s: np.ndarray, start_s: float, batch_s: float, k: int) -> None:
+        slot = np.floor((times_s - start_s) / batch_s).astype(int)
+        self._inside = (slot >= 0) & (slot < k)
+        self._slot = slot[self._inside]
+        self.batch_s, self.k = batch_s, k
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        """``values`` summed per batch, NaNs left out."""
+        return self._sums(values)[0]
+
+    def mean(self, values: np.ndarray) -> Estimate | None:
+        """The mean of the finite ``values``, with its interval."""
+        total, count = self._sums(values)
+        return ratio_interval(total, count, self.batch_s)
+
+    def _sums(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        inside = values[self._inside]
+        have = np.isfinite(inside)
+        slot = self._slot[have]
+        total = np.bincount(slot, weights=inside[have], minlength=self.k)[: self.k]
+        return total, np.bincount(slot, minlength=self.k)[: self.k].astype(float)
 
 
 def met(estimates: dict[str, Estimate | None], targets: dict[str, float]) -> bool:

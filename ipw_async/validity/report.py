@@ -12,7 +12,7 @@ import polars as pl
 from .._clock import NS
 from ..records import end_ns
 from ..stats import distribution, measured
-from .precision import Estimate, batch_length, binned, ratio_interval
+from .precision import Batches, Estimate, batch_length, ratio_interval
 from .saturation import Arrivals, assess
 from .steady import Window, find_window, window_summary
 
@@ -197,21 +197,15 @@ def per_query_estimates(
     def column(name: str) -> np.ndarray:
         return rows.get_column(name).cast(pl.Float64).fill_null(np.nan).to_numpy()
 
-    def per(values: np.ndarray) -> Estimate | None:
-        have = np.isfinite(values)
-        numerator = binned(times_s, np.where(have, values, np.nan), start_s, batch_s, k)
-        count = binned(times_s, have.astype(float), start_s, batch_s, k)
-        return ratio_interval(numerator, count, batch_s)
-
+    batches = Batches(times_s, start_s, batch_s, k)
     out = {
-        name: per(column(c)) for name, c in (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2e", "e2e_latency_s"))
+        name: batches.mean(column(c))
+        for name, c in (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2e", "e2e_latency_s"))
     }
     if "energy_j" in rows.columns and not rows.get_column("energy_j").null_count():
-        energy = binned(times_s, column("energy_j"), start_s, batch_s, k)
-        queries = binned(times_s, np.ones(rows.height), start_s, batch_s, k)
-        tokens = binned(times_s, column("output_tokens"), start_s, batch_s, k)
-        out["j_per_query"] = ratio_interval(energy, queries, batch_s)
-        out["j_per_token"] = ratio_interval(energy, tokens, batch_s)
+        energy = batches.sum(column("energy_j"))
+        out["j_per_query"] = ratio_interval(energy, batches.sum(np.ones(rows.height)), batch_s)
+        out["j_per_token"] = ratio_interval(energy, batches.sum(column("output_tokens")), batch_s)
     else:
         out["j_per_query"] = out["j_per_token"] = None
     return out
