@@ -306,6 +306,34 @@ class RunConfig:
             panel=TELEMETRY,
         ),
     )
+    telemetry_token_file: Path | None = field(
+        default=None,
+        metadata=option(
+            "File holding the token the agents in --telemetry-url were started with (sent as a "
+            "bearer header; the token itself is never written to any file or log).",
+            envvar="IPW_ASYNC_TELEMETRY_TOKEN_FILE",
+            show_default=False,
+            panel=TELEMETRY,
+        ),
+    )
+    telemetry_ca_file: Path | None = field(
+        default=None,
+        metadata=option(
+            "CA certificate (PEM) to verify https:// agents and exporters by, e.g. an agent's "
+            "self-signed certificate (default: the system's CAs).",
+            show_default=False,
+            panel=TELEMETRY,
+        ),
+    )
+    trust_counter: bool = field(
+        default=False,
+        metadata=option(
+            "Use every energy counter even where the start-of-run check finds it stuck, running "
+            "backwards or disagreeing with its own power readings (by default such a device's "
+            "power is integrated instead, and the summary says why).",
+            panel=TELEMETRY,
+        ),
+    )
     gpus: list[str] | None = field(
         default=None,
         metadata=option(

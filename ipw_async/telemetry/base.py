@@ -26,6 +26,12 @@ class Quantity(StrEnum):
     MEM_USED_MB = "mem_used_mb"
     TEMP_C = "temp_c"
     RSS_MB = "rss_mb"
+    # covariates of a device's power: the compute clock (NVIDIA's SM, AMD's GFX), the memory
+    # clock, and why the clocks are held down (the device's bitmask: NVML's clocks event
+    # reasons, amdsmi's throttle status)
+    SM_CLOCK_MHZ = "sm_clock_mhz"
+    MEM_CLOCK_MHZ = "mem_clock_mhz"
+    THROTTLE_REASONS = "throttle_reasons"
 
 
 def time_column(source: str) -> str:
@@ -50,6 +56,8 @@ class Meter:
     source: str = ""  # the source's name, set by the sampler: its time column is <source>.t_ns
     # when a counter's value changes, as the sampler's probes learned it (none: not learned)
     grids: tuple[CounterGrid, ...] = ()
+    # why a counter is not used and its power is integrated instead ("": it is trusted)
+    distrusted: str = ""
 
     @property
     def energy_column(self) -> str:
@@ -76,13 +84,20 @@ class Meter:
             "power_quantity": str(self.power_quantity),
             "source": self.source,
             "grids": [g.as_dict() for g in self.grids],
+            "distrusted": self.distrusted,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Meter:
         grids = tuple(CounterGrid.from_dict(g) for g in data.get("grids", ()))
         return cls(
-            data["channel"], data["kind"], data["accelerator"], data["power_quantity"], data["source"], grids
+            data["channel"],
+            data["kind"],
+            data["accelerator"],
+            data["power_quantity"],
+            data["source"],
+            grids,
+            data.get("distrusted", ""),
         )
 
 
@@ -129,6 +144,11 @@ class TelemetrySource(abc.ABC):
     def counter_events(self) -> dict[str, dict[str, int]]:
         """Resets and wraps each energy counter has shown so far, by channel."""
         return {}
+
+    def learned_grids(self) -> dict[str, list[CounterGrid]] | None:
+        """Counter update grids the source learns itself (an agent probes on its own host), by
+        channel, on this machine's clock (ns); None: the sampler probes the source."""
+        return None
 
     def clock(self) -> dict[str, Any] | None:
         """How its stamps were put on this machine's clock, where they come from another."""

@@ -8,6 +8,7 @@ import random
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -74,6 +75,16 @@ class TelemetryLog:
         """The last ``n`` readings of a column, failed reads left out."""
         return [v for v in self.columns[column][-n:] if v is not None]
 
+    def stamps(self, time_col: str, column: str) -> np.ndarray:
+        """When each reading of ``column`` that came back was taken (failed reads left out)."""
+        with self._lock:
+            pairs = [
+                t
+                for t, v in zip(self.columns[time_col], self.columns.get(column, ()), strict=False)
+                if v is not None
+            ]
+        return np.array(pairs, dtype=float)
+
     def latest(self, column: str) -> float | None:
         for value in reversed(self.columns.get(column, ())):
             if value is not None:
@@ -89,6 +100,9 @@ class SamplerQuality:
     lateness_ms: dict[str, float | int | None] = field(default_factory=dict)
     read_latency_ms: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     scheduling: str = "normal"  # the sampler thread's: "real-time", or "normal" and why
+    # per meter: the longest time between two of its readings (a hung agent, skipped ticks)
+    # beside its counter's update period, which a gap longer than blurs
+    gaps: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
 
 # While the sampler thread waits for the GIL, the loop's thread keeps it for up to this long
@@ -156,6 +170,7 @@ class Sampler:
         t0_ns: int,
         realtime: bool = True,
         probe_s: float = 1.0,
+        on_row: Callable[[dict[str, float | int | None]], None] | None = None,
     ) -> None:
         self.period_ns = int(period_s * NS)
         self.t0_ns = t0_ns
@@ -168,16 +183,39 @@ class Sampler:
         self.skipped = 0
         self.grids: dict[str, list[CounterGrid]] = {}  # per counter meter, one per probe that found it
         self._sources = sources
-        self._has_counter = [any(m.kind == "counter" for m in s.info.meters) for s in sources]
+        # sources that learn their own counters' grids (an agent) are not probed from here
+        self._has_counter = [
+            any(m.kind == "counter" for m in s.info.meters) and s.source.learned_grids() is None
+            for s in sources
+        ]
+        self._on_row = on_row  # called on the sampler's thread with each row logged
+        self.distrusted: dict[str, str] = {}  # counter channel -> why its power is used instead
+
+    def distrust(self, channel: str, reason: str) -> None:
+        """Integrate this counter meter's power from now on, for ``reason``."""
+        self.distrusted[channel] = reason
+
+    def _grids(self, s: OpenSource, channel: str) -> tuple[CounterGrid, ...]:
+        own = s.source.learned_grids()
+        if own is None:
+            return tuple(self.grids.get(channel, ()))
+        t0 = self.t0_ns
+        return tuple(
+            replace(g, phase_ns=g.phase_ns - t0, learned_at_ns=g.learned_at_ns - t0)
+            for g in own.get(channel, ())
+        )
 
     @property
     def meters(self) -> list[Meter]:
         """Every source's meters, each counter with the update grids the probes learned."""
-        return [
-            replace(m, source=s.source.name, grids=tuple(self.grids.get(m.channel, ())))
-            for s in self._sources
-            for m in s.info.meters
-        ]
+        out = []
+        for s in self._sources:
+            for m in s.info.meters:
+                m = replace(m, source=s.source.name, grids=self._grids(s, m.channel))
+                if m.channel in self.distrusted and m.kind == "counter":
+                    m = replace(m, kind="power", distrusted=self.distrusted[m.channel])
+                out.append(m)
+        return out
 
     def counter_events(self) -> dict[str, dict[str, int]]:
         """Resets and wraps of every energy counter so far, by channel (none: not listed)."""
@@ -210,9 +248,14 @@ class Sampler:
             row.update(reading.values)
         return row
 
+    def _append(self, row: dict[str, float | int | None]) -> None:
+        self.log.append(row)
+        if self._on_row is not None:
+            self._on_row(row)
+
     async def sample_once(self) -> None:
         t = now_ns()
-        self.log.append(self._row(t, t, await asyncio.to_thread(self._read_all)))
+        self._append(self._row(t, t, await asyncio.to_thread(self._read_all)))
 
     async def run(self) -> None:
         """Sample until cancelled; the caller takes a final sample after the last request."""
@@ -289,7 +332,7 @@ class Sampler:
                 stamps = [read_time(*read) for read, c in zip(full, self._has_counter, strict=True) if c]
                 if stamps:
                     self._stamp_lags.append(max(stamps) - deadline)
-                self.log.append(self._row(deadline, woke, full))
+                self._append(self._row(deadline, woke, full))
                 deadline += self.period_ns
                 behind = now_ns() - deadline
                 if behind > 0:
@@ -359,4 +402,16 @@ class Sampler:
             lateness_ms=ms("lateness_ns"),
             read_latency_ms={s.source.name: ms(f"{s.source.name}.read_ns") for s in self._sources},
             scheduling=self.scheduling,
+            gaps={m.channel: self._gap(m) for m in self.meters},
         )
+
+    def _gap(self, meter: Meter) -> dict[str, float | None]:
+        """A meter's longest time without a reading, and its counter's update period."""
+        column = meter.energy_column if meter.energy_column in self.log.columns else meter.power_column
+        stamps = self.log.stamps(meter.time_column, column)
+        largest = float(np.diff(stamps).max()) / 1e6 if stamps.size >= 2 else None
+        periods = [g.period_ns for g in meter.grids if g.period_ns > 0]
+        return {
+            "largest_ms": largest,
+            "counter_period_ms": float(np.median(periods)) / 1e6 if periods else None,
+        }
