@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ipw_async._clock import now_ns
+from ipw_async.telemetry.amdsmi import AmdSmiSource
 from ipw_async.telemetry.base import SourceUnavailable
 from ipw_async.telemetry.cpu_model import CpuModelSource
 from ipw_async.telemetry.host import CpuUtilisation, PsutilSource
@@ -48,6 +49,9 @@ class FakeGpu:
     util: int = 87
     mem_used: int = 40 * 2**30
     temp: int = 61
+    sm_clock: int | None = 1980  # MHz; None: not supported
+    mem_clock: int | None = 2619
+    clock_reasons: int | None = 0x4  # nvmlClocksEventReasonSwPowerCap
     failing: set[str] = field(default_factory=set)  # queries that fail transiently now
 
     def query(self, what: str, value: int | None) -> int:
@@ -65,6 +69,8 @@ class FakeNvml:
     NVML_ERROR_NOT_SUPPORTED = 3
     NVML_VALUE_TYPE_UNSIGNED_INT = 1
     NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
+    NVML_CLOCK_MEM = 2
     NVML_FI_DEV_POWER_AVERAGE = 185
     NVML_FI_DEV_POWER_INSTANT = 186
 
@@ -123,6 +129,24 @@ class FakeNvml:
     def nvmlDeviceGetTemperature(self, h: FakeGpu, sensor: int) -> int:
         return h.query("temp", h.temp)
 
+    def nvmlDeviceGetClockInfo(self, h: FakeGpu, clock: int) -> int:
+        if clock == self.NVML_CLOCK_SM:
+            return h.query("sm_clock", h.sm_clock)
+        assert clock == self.NVML_CLOCK_MEM
+        return h.query("mem_clock", h.mem_clock)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: FakeGpu) -> int:
+        return h.query("clock_reasons", h.clock_reasons)
+
+
+class OldFakeNvml(FakeNvml):
+    """A pynvml from before driver 535: the reasons call still has its "throttle" name."""
+
+    nvmlDeviceGetCurrentClocksEventReasons = None  # type: ignore[assignment]
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: FakeGpu) -> int:
+        return h.query("clock_reasons", h.clock_reasons)
+
 
 def nvml_source(*gpus: FakeGpu, select: list[str] | None = None) -> tuple[NvmlSource, FakeNvml]:
     fake = FakeNvml(list(gpus))
@@ -137,6 +161,9 @@ def test_nvml_reads_every_quantity_in_si_units() -> None:
         "gpu0.util_pct",
         "gpu0.mem_used_mb",
         "gpu0.temp_c",
+        "gpu0.sm_clock_mhz",
+        "gpu0.mem_clock_mhz",
+        "gpu0.throttle_reasons",
         "gpu0.power_w",
         "gpu0.avg_power_w",
     ]
@@ -150,6 +177,9 @@ def test_nvml_reads_every_quantity_in_si_units() -> None:
         "gpu0.util_pct": 87.0,
         "gpu0.mem_used_mb": 40 * 1024.0,
         "gpu0.temp_c": 61.0,
+        "gpu0.sm_clock_mhz": 1980.0,
+        "gpu0.mem_clock_mhz": 2619.0,
+        "gpu0.throttle_reasons": 4.0,
     }
     fake.gpus[0].energy_mj = 7_500
     assert source.read().values["gpu0.energy_j"] == 7.5
@@ -243,6 +273,36 @@ def test_nvml_transient_error_at_open_keeps_the_column() -> None:
     assert source.read().values["gpu0.temp_c"] is None
     gpu.failing = set()
     assert source.read().values["gpu0.temp_c"] == 61.0
+
+
+def test_nvml_clocks_and_reasons_follow_the_device() -> None:
+    source, fake = nvml_source(FakeGpu("GPU-aaa"))
+    source.open()
+    gpu = fake.gpus[0]
+    gpu.sm_clock, gpu.mem_clock, gpu.clock_reasons = 1410, 1593, 0x4 | 0x20  # power cap + HW slowdown
+    values = source.read().values
+    assert (values["gpu0.sm_clock_mhz"], values["gpu0.mem_clock_mhz"]) == (1410.0, 1593.0)
+    assert values["gpu0.throttle_reasons"] == float(0x24)
+    # the 2 ms probe reads the counter alone, never the covariates
+    assert set(source.read_counters().values) == {"gpu0.energy_j"}
+    gpu.failing = {"sm_clock"}
+    assert source.read().values["gpu0.sm_clock_mhz"] is None
+
+
+def test_nvml_drops_an_unsupported_covariate() -> None:
+    source, _ = nvml_source(FakeGpu("GPU-aaa", mem_clock=None, clock_reasons=None))
+    info = source.open()
+    assert "gpu0.sm_clock_mhz" in info.columns
+    assert "gpu0.mem_clock_mhz" not in info.columns and "gpu0.throttle_reasons" not in info.columns
+    values = source.read().values
+    assert "gpu0.mem_clock_mhz" not in values and values["gpu0.sm_clock_mhz"] == 1980.0
+
+
+def test_nvml_reads_throttle_reasons_through_the_old_name() -> None:
+    fake = OldFakeNvml([FakeGpu("GPU-aaa", clock_reasons=0x1)])
+    source = NvmlSource(nvml=fake)  # type: ignore[arg-type]
+    assert "gpu0.throttle_reasons" in source.open().columns
+    assert source.read().values["gpu0.throttle_reasons"] == 1.0
 
 
 # --- RAPL against a fake powercap tree ---------------------------------------------------------
@@ -456,13 +516,15 @@ def test_cpu_model_rejects_nonsense_parameters() -> None:
 
 
 def test_registry_makes_each_source() -> None:
-    assert available_source_names() == ["nvml", "rapl", "psutil", "cpu-model"]
+    assert available_source_names() == ["nvml", "amdsmi", "rapl", "psutil", "cpu-model"]
     for name in available_source_names():
         assert make_source(name).name == name
     nvml = make_source("nvml", gpus=["1"])
     assert isinstance(nvml, NvmlSource) and nvml.gpus == ["1"]
+    amd = make_source("amdsmi", gpus=["0"])
+    assert isinstance(amd, AmdSmiSource) and amd.gpus == ["0"]
 
 
 def test_registry_rejects_unknown_names() -> None:
-    with pytest.raises(ValueError, match=r"'nope'.*nvml, rapl, psutil, cpu-model"):
+    with pytest.raises(ValueError, match=r"'nope'.*nvml, amdsmi, rapl, psutil, cpu-model"):
         make_source("nope")

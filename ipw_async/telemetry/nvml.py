@@ -1,4 +1,5 @@
-"""NVIDIA GPUs through NVML: energy counter, power, utilisation, memory and temperature."""
+"""NVIDIA GPUs through NVML: energy counter, power, utilisation, memory, temperature, clocks and
+the reasons the clocks are held down."""
 
 from __future__ import annotations
 
@@ -202,6 +203,20 @@ class NvmlSource(CountedSource):
         def temp() -> float:
             return float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))
 
+        def sm_clock() -> float:
+            return float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
+
+        def mem_clock() -> float:
+            return float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM))
+
+        # the bitmask of nvmlClocksEventReason*, called "throttle reasons" before driver 535
+        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+        )
+
+        def throttle_reasons() -> float:
+            return float(reasons(h))
+
         def supported(query: Callable[[], Any]) -> bool:
             try:
                 query()
@@ -240,10 +255,17 @@ class NvmlSource(CountedSource):
         if not instant_field and supported(power_usage):
             has_power = True
             gpu.queries.append((f"{channel}.{Quantity.POWER_W}", power_usage))
+        # covariates of power, where this pynvml has the calls (none reads in read_counters)
+        covariates: list[tuple[Quantity, Callable[[], float]]] = []
+        if hasattr(nvml, "nvmlDeviceGetClockInfo"):
+            covariates += [(Quantity.SM_CLOCK_MHZ, sm_clock), (Quantity.MEM_CLOCK_MHZ, mem_clock)]
+        if reasons is not None:
+            covariates.append((Quantity.THROTTLE_REASONS, throttle_reasons))
         for quantity, query in (
             (Quantity.UTIL_PCT, util),
             (Quantity.MEM_USED_MB, mem_used),
             (Quantity.TEMP_C, temp),
+            *covariates,
         ):
             if supported(query):
                 gpu.queries.append((f"{channel}.{quantity}", query))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from .amdsmi import AmdSmiSource
 from .base import TelemetrySource
 from .cpu_model import CpuModelSource
 from .host import PsutilSource
@@ -15,6 +16,7 @@ SourceFactory = Callable[[Sequence[str] | None], TelemetrySource]
 
 _FACTORIES: dict[str, SourceFactory] = {
     "nvml": lambda gpus: NvmlSource(gpus=gpus),
+    "amdsmi": lambda gpus: AmdSmiSource(gpus=gpus),
     "rapl": lambda gpus: RaplSource(),
     "psutil": lambda gpus: PsutilSource(),
     "cpu-model": lambda gpus: CpuModelSource(),
