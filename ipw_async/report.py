@@ -109,6 +109,38 @@ def _task_rows(table: Table, tasks: dict[str, Any]) -> None:
             table.add_row("device J during tool waits", f"{waits:,.1f} J per task (not charged)")
 
 
+def _telemetry_rows(table: Table, telemetry: dict[str, Any], energy: dict[str, Any]) -> None:
+    """The counters that failed their check, and how well the sampler kept its ticks: late,
+    skipped, and meters that went longer without a reading than their counter's period."""
+    failed = [
+        f"{name} {check['status']}: {check['reason']}; {check.get('action') or 'nothing done'}"
+        for name, check in (telemetry.get("counter_checks") or {}).items()
+        if check.get("status") in ("stuck", "backwards", "disagrees")
+    ]
+    if failed:
+        table.add_row("counter check", f"[yellow]{'; '.join(failed)}[/]")
+    sampler = telemetry.get("sampler") or {}
+    late = (sampler.get("lateness_ms") or {}).get("p99")
+    if late is None:
+        return
+    said = [f"sampler p99 {late:.1f} ms late"]
+    if sampler.get("skipped_ticks"):
+        said.append(f"[yellow]{sampler['skipped_ticks']:,} ticks skipped[/]")
+    said += [
+        f"{name} counter: {m['counter_timing']}"
+        for name, m in energy.get("meters", {}).items()
+        if m.get("counter_timing")
+    ]
+    for name, gap in (sampler.get("gaps") or {}).items():
+        largest, period = gap.get("largest_ms"), gap.get("counter_period_ms")
+        if largest is not None and period is not None and largest > period:
+            said.append(
+                f"[yellow]{name} went {largest:,.0f} ms without a reading "
+                f"(its counter updates every {period:,.0f} ms)[/]"
+            )
+    table.add_row("telemetry", "; ".join(said))
+
+
 def _validity_rows(table: Table, summary: dict[str, Any]) -> None:
     """Was the run valid: stopped early, over-saturated, steady, and how precise its means are."""
     if summary.get("stopped"):
@@ -195,15 +227,7 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
             table.add_row("conservation error", f"{max(errs):.2e}")
     elif energy.get("skipped") is not None:
         table.add_row("energy", "not measured (no energy source)")
-    sampler = summary.get("telemetry", {}).get("sampler") or {}
-    late = (sampler.get("lateness_ms") or {}).get("p99")
-    if late is not None:
-        timing = [
-            f"{name} counter: {m['counter_timing']}"
-            for name, m in energy.get("meters", {}).items()
-            if m.get("counter_timing")
-        ]
-        table.add_row("telemetry", "; ".join([f"sampler p99 {late:.1f} ms late", *timing]))
+    _telemetry_rows(table, summary.get("telemetry") or {}, energy)
     client = summary.get("client") or {}
     if client.get("cpu_us_per_event") is not None:
         said = (

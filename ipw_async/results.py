@@ -166,6 +166,7 @@ def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) 
             "skipped": manifest.skipped,
             "sampler": end.get("sampler"),
             "counter_events": manifest.counter_events,
+            **_counter_checks(manifest.end),
             "clocks": manifest.clocks,
         },
         "harness": end.get("harness"),
@@ -174,6 +175,20 @@ def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) 
         "versions": manifest.versions,
         "host": manifest.host,
     }
+
+
+def _counter_checks(end: dict[str, Any] | None) -> dict[str, Any]:
+    """Each energy counter's check against its power, by channel; null, and why, where none ran."""
+    if end is None:
+        skipped = "the run ended without recording its counter checks (killed or crashed)"
+        return {"counter_checks": None, "counter_checks_skipped": skipped}
+    recorded = end.get("counter_checks")
+    if recorded is None:
+        return {
+            "counter_checks": None,
+            "counter_checks_skipped": "the run was made before counters were checked",
+        }
+    return {"counter_checks": recorded["meters"], "counter_checks_skipped": recorded["skipped"]}
 
 
 def _validity(

@@ -171,8 +171,17 @@ def _baseline_w(vc: VirtualCounter, meter: Meter, config: AttributionConfig) -> 
 
 def _missing(meter: Meter, n: int) -> MeterResult:
     nan = np.full(n, np.nan)
-    reason = {"kind": meter.kind, "missing_reason": "the source produced fewer than two readings"}
+    reason = {
+        "kind": meter.kind,
+        "missing_reason": "the source produced fewer than two readings",
+        **_distrusted(meter),
+    }
     return MeterResult(meter.channel, meter.kind, nan, nan, ["missing"] * n, nan, nan, nan, reason)
+
+
+def _distrusted(meter: Meter) -> dict[str, str]:
+    """Why a counter meter's power is integrated instead, where it is."""
+    return {"distrusted": meter.distrusted} if meter.distrusted else {}
 
 
 def attribute_meter(
@@ -256,6 +265,7 @@ def attribute_meter(
             **({"power_model": fitted} if fitted else {}),
             "span_s": float((vc.t[-1] - vc.t[0]) / NS),
             **counter_timing(meter),
+            **_distrusted(meter),
         },
     )
 

@@ -32,10 +32,11 @@ from ..rundir.manifest import Manifest, RunDirError, default_run_dir, prepare
 from ..rundir.writer import RunWriter
 from ..state import MeterState, Phase, RunState
 from ..stats import distribution
-from ..telemetry import Sampler, TelemetrySetup
+from ..telemetry import Meter, Sampler, TelemetrySetup
 from ..workload import Workload
 from ..workload.body import BodyDefaults
 from .config import RunConfig
+from .counters import CounterChecks
 from .dispatch import Dispatch, LocalDispatch
 from .health import HarnessCpu, LoopLag, gc_frozen
 from .ledger import Abort, RunLedger
@@ -139,6 +140,7 @@ class _LiveRun:
         self.pool_report: dict[str, Any] | None = None  # the workers: where, and their clocks
         self.watch: RunWatch | None = None  # while measuring
         self.stopped: str | None = None  # why the run ended before its plan, by its own rule
+        self.counter_check: CounterChecks | None = None  # the energy counters' check, once sampling
 
     def _note(self, message: str) -> None:
         if self.display is not None:
@@ -186,6 +188,11 @@ class _LiveRun:
                 realtime=config.realtime_sampler,
                 probe_s=config.counter_probe_s,
             )
+            checks = self.counter_check = CounterChecks(
+                sampler, config.trust_counter, self._note, self._watched
+            )
+            if resume is not None:  # a counter an earlier session found faulty stays distrusted
+                checks.carry(resume.manifest.meters)
             manifest = self._manifest(anchor, model, base_url, telemetry, sampler)
             if resume is not None:
                 continue_manifest(manifest, resume, now_ns() - anchor.monotonic_ns)
@@ -210,6 +217,9 @@ class _LiveRun:
             writer.follow(functools.partial(_progress, sampler, ledger))
             writer.end(lambda: self._end(sampler))
             await stack.enter_async_context(writer)
+            # on the way out, before the meters' last update in run.json: a check the run ended
+            # too soon for is done over what it has
+            stack.push_async_callback(checks.finish)
             # on the way out, after the workers and tasks stopped: the sampler's last reading
             stack.push_async_callback(_last_reading, sampler)
             state.phase = Phase.STARTING
@@ -274,11 +284,17 @@ class _LiveRun:
         config, spec = self.config, self.spec
         has_telemetry = bool(sampler.meters)
         rng = np.random.default_rng(config.seed)
+        baseline = (
+            self.resume is None and has_telemetry and config.baseline_w is None and config.baseline_s > 0
+        )
+        assert self.counter_check is not None
+        t0 = writer.manifest.anchor.monotonic_ns
+        if check := self.counter_check.begin(t0, config.baseline_s if baseline else 0.0):
+            tasks.start(check)
         if self.resume is not None:  # the baseline and warm-up belong to the first session
             list(self.workload.units(config.warmup, True))  # their unit ids stay theirs
-        elif config.baseline_s > 0 and has_telemetry and config.baseline_w is None:
+        elif baseline:
             state.phase = Phase.BASELINE
-            t0 = writer.manifest.anchor.monotonic_ns
             start = now_ns() - t0
             await asyncio.sleep(config.baseline_s)
             writer.update(baseline_window_ns=(start, now_ns() - t0))
@@ -327,6 +343,11 @@ class _LiveRun:
         state.phase = Phase.FINISHING
         await asyncio.sleep(config.tail_s if has_telemetry else 0)
 
+    def _watched(self, meters: list[Meter]) -> None:
+        """The run's watch counts a distrusted counter's energy from its power too."""
+        if self.watch is not None:
+            self.watch.meters = [m for m in meters if m.accelerator]
+
     def _worker_count(self) -> int:
         """Workers asked for; 0 for Ray's auto (one per node, known once it has joined)."""
         workers = self.config.workers
@@ -353,6 +374,7 @@ class _LiveRun:
             "aborted": self.abort.reason,
             "stopped": self.stopped,
             "watch": self.watch.report() if self.watch else None,
+            "counter_checks": None if self.counter_check is None else self.counter_check.report(),
             "sampler": asdict(sampler.quality()),
             "harness": {
                 "loop_lag_ms": distribution(self.lag.lags_ms),

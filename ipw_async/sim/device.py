@@ -7,7 +7,9 @@ constant, so everything else is analytic per segment: the true energy (the truth
 energy (what the truth shares equally), the heat, and the metered power, a first-order lag of
 the true power with time constant ``meter_lag_ms`` whose integral feeds the counter. The counter
 holds whole mJ and updates on a grid from ``t0`` every ``counter_period_ms``, each update moved
-by a fixed pseudo-random jitter within ``counter_jitter_ms``.
+by a fixed pseudo-random jitter within ``counter_jitter_ms``. A faulty counter
+(``counter_fault``) holds its first value (stuck), or shows an older update's value every tenth
+update (backwards), as counters read by several threads have been seen to.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class Device:
         first = _Segment(self.t0, 0.0, 0.0, 0.0, config.static_w, 0.0, config.static_w, config.static_w, 0.0)
         self._starts: deque[int] = deque([self.t0])
         self._segments: deque[_Segment] = deque([first])
+        self._stuck_mj: int | None = None  # a stuck counter's value: its first read's
 
     def _at(self, t_ns: int) -> tuple[_Segment, float]:
         """The segment holding ``t_ns`` and the seconds into it."""
@@ -142,6 +145,15 @@ class Device:
                 return self.update_time(candidate)
         return self.update_time(max(0, k - 1))
 
+    def _counter_time(self, t_ns: int) -> int:
+        """Up to when the counter read at ``t_ns`` has counted, faults included."""
+        update = self.last_update(t_ns)
+        if self.config.counter_fault == "backwards" and self._period > 0:
+            k = round((update - self.t0) / self._period)  # the jitter is under half a period
+            if k % 10 == 9:
+                return self.update_time(k - 3)
+        return update
+
     def readout(self) -> dict[str, float | int | None]:
         """What the device reports now, as NVML would."""
         t = now_ns()
@@ -153,7 +165,10 @@ class Device:
         if window > 0:
             avg = (self.metered_energy_at(t) - self.metered_energy_at(t - window)) / (window / NS)
         mode = self.config.telemetry
-        energy_mj = math.floor(self.metered_energy_at(self.last_update(t)) * 1000)
+        energy_mj = math.floor(self.metered_energy_at(self._counter_time(t)) * 1000)
+        if self.config.counter_fault == "stuck":
+            self._stuck_mj = energy_mj if self._stuck_mj is None else self._stuck_mj
+            energy_mj = self._stuck_mj
         return {
             "t_ns": t,
             "energy_mj": energy_mj if mode == "counter" else None,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from .._options import option
 
 TELEMETRY_KINDS = ("counter", "power", "avg-power")
+COUNTER_FAULTS = ("none", "stuck", "backwards")
 POWER_LIMITS = ("clip", "stretch")
 MIN_CLOCK = 0.4  # the least share of its clock a device at its power limit drops to (~800 of 1980 MHz)
 
@@ -88,6 +89,14 @@ class EngineConfig:
         default="counter",
         metadata=option("What the device exposes: counter, power or avg-power.", "--device-telemetry"),
     )
+    counter_fault: str = field(
+        default="none",
+        metadata=option(
+            "A fault of the energy counter, as real ones have: stuck (it never moves) or backwards "
+            "(every tenth update it reads an older value), to test the run's counter check.",
+            choices=COUNTER_FAULTS,
+        ),
+    )
     # every Nth second the device answers nothing (0: never): gaps that force imputation
     dropout_every_s: int = field(
         default=0,
@@ -137,6 +146,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.telemetry not in TELEMETRY_KINDS:
             raise ValueError(f"--device-telemetry must be one of {', '.join(TELEMETRY_KINDS)}")
+        if self.counter_fault not in COUNTER_FAULTS:
+            raise ValueError(f"--counter-fault must be one of {', '.join(COUNTER_FAULTS)}")
         if self.power_limit not in POWER_LIMITS:
             raise ValueError(
                 f"--power-limit must be one of {', '.join(POWER_LIMITS)}, not {self.power_limit!r}"

@@ -4,14 +4,13 @@ temperature."""
 from __future__ import annotations
 
 import json
-from urllib.parse import urlsplit
 
 from .._clock import now_ns
-from .base import CounterTracker, Meter, Quantity, Reading, SourceInfo, SourceUnavailable, TelemetrySource
-from .http import ERRORS, KeptAlive
+from .base import CountedSource, CounterTracker, Meter, Quantity, Reading, SourceInfo, SourceUnavailable
+from .http import ERRORS, KeptAlive, endpoint
 
 
-class SimDeviceSource(TelemetrySource):
+class SimDeviceSource(CountedSource):
     """Reads ``GET /sim/device`` over one kept-alive connection (from the sampler's thread).
 
     The device stamps each readout on the shared monotonic clock, so the sample time is the
@@ -21,11 +20,9 @@ class SimDeviceSource(TelemetrySource):
     name = "sim"
 
     def __init__(self, root_url: str, timeout: float = 2.0) -> None:
-        parts = urlsplit(root_url)
-        self._host = parts.hostname or "127.0.0.1"
-        self._port = parts.port or 80
-        self._http = KeptAlive(self._host, self._port, timeout)
+        self._http = KeptAlive(endpoint(root_url, "a simulator URL", "http://127.0.0.1:8000"), timeout)
         self.counter = CounterTracker()
+        self.counters = {"sim": self.counter}  # its resets reach the summary and the counter check
         self._columns: list[str] = []
 
     def _fetch(self) -> dict[str, float | None]:
@@ -35,7 +32,7 @@ class SimDeviceSource(TelemetrySource):
         try:
             first = self._fetch()
         except (*ERRORS, ValueError) as exc:
-            raise SourceUnavailable(f"no simulated device at {self._host}:{self._port} ({exc})") from None
+            raise SourceUnavailable(f"no simulated device at {self._http.endpoint.label} ({exc})") from None
         self._columns = []
         meters = []
         if first.get("energy_mj") is not None:
