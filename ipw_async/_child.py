@@ -20,9 +20,12 @@ class ChildServer:
     what = "the server"  # for the error when it does not start
     ready_prefix = ""
 
-    def __init__(self, host: str = "127.0.0.1", start_timeout: float = 30.0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", start_timeout: float = 30.0, env: dict[str, str] | None = None
+    ) -> None:
         self.host = host
         self.start_timeout = start_timeout
+        self.env = env or {}  # added to ours
         self.port: int | None = None
         self._proc: subprocess.Popen[str] | None = None
 
@@ -42,7 +45,7 @@ class ChildServer:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
         self.port = int(self._read_ready_line().split()[2])
         # Drain both pipes so a chatty child can never block on a full one.

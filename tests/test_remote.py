@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import numpy as np
 import polars as pl
 import pytest
+import trustme
 from typer.testing import CliRunner
 
 from ipw_async import run_benchmark
@@ -185,3 +190,146 @@ async def test_an_agent_that_dies_mid_run_leaves_a_gap_that_is_imputed_and_said(
     energy = result.summary["energy"]["meters"][meter]
     assert energy["imputed_j"] > 0
     assert abs(energy["conservation_error"]) < 1e-9
+
+
+TOKEN = "s3cret-agent-token-4c1b"
+
+
+def _sim_agent(sim: SimulatorProcess, *extra: str, env: dict[str, str] | None = None) -> AgentProcess:
+    return AgentProcess(["--telemetry", "sim", "--sim-url", sim.root_url, *extra], env=env)
+
+
+def test_an_agent_with_a_token_lets_in_only_who_sends_it(tmp_path: Path) -> None:
+    token_file = tmp_path / "agent.token"
+    token_file.write_text(TOKEN + "\n")
+    with (
+        SimulatorProcess(quick_config(tmp_path).sim) as sim,
+        _sim_agent(sim, "--token-file", str(token_file)) as agent,
+    ):
+        bare = httpx.get(f"{agent.root_url}/info", timeout=10)
+        wrong = httpx.get(f"{agent.root_url}/clock", headers={"Authorization": "Bearer nope"}, timeout=10)
+        right = httpx.get(f"{agent.root_url}/info", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    assert bare.status_code == 401 and "--telemetry-token-file" in bare.text
+    assert wrong.status_code == 401
+    assert right.status_code == 200 and right.json()["sources"][0]["name"] == "sim"
+
+
+def test_an_agent_refuses_to_serve_beyond_loopback_without_a_token() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ipw_async",
+            "agent",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--telemetry",
+            "psutil",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "IPW_ASYNC_AGENT_TOKEN"},
+    )
+    assert result.returncode != 0
+    message = result.stderr.strip()
+    assert "refusing to serve 0.0.0.0 without a token" in message
+    assert "secrets.token_urlsafe" in message and "--insecure" in message  # says how to make one
+    assert "Traceback" not in result.stderr
+
+
+def test_an_agent_bounds_its_streams(tmp_path: Path) -> None:
+    with (
+        SimulatorProcess(quick_config(tmp_path).sim) as sim,
+        _sim_agent(sim, "--max-streams", "1") as agent,
+    ):
+        too_fast = httpx.get(f"{agent.root_url}/stream", params={"period_ms": 1}, timeout=10)
+        long_probe = httpx.get(f"{agent.root_url}/stream", params={"probe_s": 600}, timeout=10)
+        with httpx.stream("GET", f"{agent.root_url}/stream", params={"period_ms": 20}, timeout=10) as first:
+            lines = first.iter_lines()  # held: a generator let go of closes the stream
+            next(lines)  # the one stream allowed is running
+            second = httpx.get(f"{agent.root_url}/stream", timeout=10)
+    assert too_fast.status_code == 400 and "period_ms must be between 5" in too_fast.text
+    assert long_probe.status_code == 400 and "probe_s" in long_probe.text
+    assert second.status_code == 503 and "at most 1 streams" in second.text
+
+
+async def test_a_run_reads_an_agent_over_tls_with_its_token(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_file, key_file, ca_file = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    cert.cert_chain_pems[0].write_to_path(cert_file)
+    cert.private_key_pem.write_to_path(key_file)
+    ca.cert_pem.write_to_path(ca_file)
+    config = quick_config(tmp_path, max_queries=16, dataset="synthetic", output_tokens=20)
+    with SimulatorProcess(config.sim) as sim:
+        tls = ["--tls-cert", str(cert_file), "--tls-key", str(key_file)]
+        with _sim_agent(sim, *tls, env={"IPW_ASYNC_AGENT_TOKEN": TOKEN}) as agent:
+            assert agent.root_url.startswith("https://")
+            config.base_url = sim.base_url
+            config.telemetry = "none"
+            config.telemetry_url = [agent.root_url]
+            config.telemetry_ca_file = ca_file
+            with pytest.raises(RunError, match="refused this harness; give --telemetry-token-file"):
+                await run_benchmark(config)
+            token_file = tmp_path / "harness.token"
+            token_file.write_text(TOKEN)
+            config.telemetry_token_file = token_file
+            config.overwrite = True
+            result = await run_benchmark(config)
+            # without the CA the self-signed certificate is refused, and the run says so
+            config.telemetry_ca_file = None
+            with pytest.raises(RunError, match="CERTIFICATE_VERIFY_FAILED"):
+                await run_benchmark(config)
+    meter = f"sim@127.0.0.1:{agent.port}"
+    assert result.summary["energy"]["headline_meters"] == [meter]
+    assert result.records.get_column("energy_j").drop_nulls().len() == 16
+
+
+async def test_no_token_or_password_reaches_the_run_directory(tmp_path: Path) -> None:
+    token_file = tmp_path / "agent.token"
+    token_file.write_text(TOKEN)
+    password = "exporter-pa55word"
+    config = quick_config(tmp_path, max_queries=16, dataset="synthetic", output_tokens=20)
+    with SimulatorProcess(config.sim) as sim, _sim_agent(sim, "--token-file", str(token_file)) as agent:
+        config.base_url = sim.base_url
+        config.telemetry = "none"
+        config.telemetry_url = [agent.root_url]
+        config.telemetry_token_file = token_file
+        # the simulator's /metrics asks no password; the harness must still never write it
+        config.prometheus_url = [f"http://ops:{password}@127.0.0.1:{sim.port}/metrics"]
+        result = await run_benchmark(config)
+    assert result.summary["complete"] is True
+    files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert len(files) >= 5
+    for path in files:
+        data = path.read_bytes()
+        assert TOKEN.encode() not in data, path
+        assert password.encode() not in data, path
+    assert result.summary["config"]["prometheus_url"] == [f"http://ops:***@127.0.0.1:{sim.port}/metrics"]
+
+
+async def test_a_hung_agent_costs_only_its_own_meter(tmp_path: Path) -> None:
+    config = quick_config(tmp_path, concurrency=8, max_queries=None, duration=5.0, dataset="synthetic")
+    with SimulatorProcess(config.sim) as sim, _sim_agent(sim) as agent:
+        config.base_url = sim.base_url
+        config.telemetry = "cpu-model"  # a meter of this machine, read beside the agent's
+        config.telemetry_url = [agent.root_url]
+        run = asyncio.create_task(run_benchmark(config))
+        await asyncio.sleep(2.5)
+        os.kill(agent.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(2.0)
+        finally:
+            os.kill(agent.pid, signal.SIGCONT)
+        result = await run
+    remote = f"sim@127.0.0.1:{agent.port}"
+    sampler = result.summary["telemetry"]["sampler"]
+    assert sampler["gaps"]["cpu-model"]["largest_ms"] < 500  # this machine's meter kept its ticks
+    assert sampler["gaps"][remote]["largest_ms"] > 1500  # the agent's went quiet while it hung
+    assert sampler["skipped_ticks"] < 5
+    provenance = set(result.records.get_column(f"{remote}.provenance").to_list())
+    assert "imputed" in provenance
+    assert result.summary["telemetry"]["clocks"][remote]["reconnects"] >= 1

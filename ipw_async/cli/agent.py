@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import ssl
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -9,10 +12,31 @@ import typer
 from .._clock import NS
 from .._loop import run as run_loop
 from ..telemetry import open_sources
-from ..telemetry_agent import describe, serve_agent
+from ..telemetry.http import AGENT_TOKEN_ENV, read_token
+from ..telemetry_agent import MAX_STREAMS, describe, is_loopback, serve_agent
 from ._common import err, fail
 
 DEFAULT_PORT = 9180
+MAKE_TOKEN = "umask 077; python -c 'import secrets; print(secrets.token_urlsafe(32))' > agent.token"
+
+
+def _token(token_file: Path | None) -> str | None:
+    if token_file is not None:
+        return read_token(token_file)
+    return os.environ.get(AGENT_TOKEN_ENV, "").strip() or None
+
+
+def _tls(cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("give both --tls-cert and --tls-key, or neither")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load the certificate {cert} with key {key}: {exc}") from None
+    return context
 
 
 def agent(
@@ -38,6 +62,33 @@ def agent(
             help="Serve the SIMULATED device of an `ipw-async sim` at this root URL instead of a GPU."
         ),
     ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="File holding the token a harness must send (its --telemetry-token-file); default: "
+            f"the {AGENT_TOKEN_ENV} environment variable. Needed to listen beyond loopback.",
+            show_default=False,
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            help="Listen beyond loopback without a token: anyone who reaches the port reads this "
+            "host's power and load. Only on a network you trust."
+        ),
+    ] = False,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            help="Serve https with this certificate (PEM); give --tls-key with it.", show_default=False
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option(help="The certificate's private key (PEM).", show_default=False)
+    ] = None,
+    max_streams: Annotated[
+        int, typer.Option(help="Streams served at once; more are refused until one ends.")
+    ] = MAX_STREAMS,
     clock_shift_s: Annotated[
         float,
         typer.Option(
@@ -47,10 +98,22 @@ def agent(
 ) -> None:
     """Serve this machine's GPU and CPU telemetry over HTTP, for `ipw-async run --telemetry-url`.
 
-    Run it on the GPU server's machine, then from the harness's machine:
-    `ipw-async run --base-url http://gpu-host:8000/v1 --telemetry-url http://gpu-host:9180`.
-    Each read is stamped on this machine's clock; the harness measures the clocks' offset itself.
+    Run it on the GPU server's machine with a token, then from the harness's machine:
+    `ipw-async run --base-url http://gpu-host:8000/v1 --telemetry-url http://gpu-host:9180
+    --telemetry-token-file agent.token`. The agent reads its sources on its own schedule and
+    stamps each reading on this machine's clock; the harness measures the clocks' offset itself.
     """
+    try:
+        token = _token(token_file)
+        tls = _tls(tls_cert, tls_key)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    if token is None and not insecure and not is_loopback(host):
+        raise fail(
+            f"refusing to serve {host} without a token: make one with `{MAKE_TOKEN}`, give it as "
+            "--token-file agent.token here and --telemetry-token-file to the harness (or --host "
+            "127.0.0.1, or --insecure on a network you trust)"
+        )
     try:
         setup = open_sources(telemetry, sim_root_url=sim_url, gpus=gpus.split(",") if gpus else None)
     except ValueError as exc:
@@ -62,8 +125,20 @@ def agent(
     err.print("ipw-async agent, serving:")
     for line in describe(setup, host):
         err.print(line)
+    if token is None and not is_loopback(host):
+        err.print("  [yellow]no token: anyone who reaches this port reads this host's telemetry[/]")
     try:
-        run_loop(serve_agent(setup, host, port, round(clock_shift_s * NS)))
+        run_loop(
+            serve_agent(
+                setup,
+                host,
+                port,
+                token=token,
+                tls=tls,
+                max_streams=max_streams,
+                shift_ns=round(clock_shift_s * NS),
+            )
+        )
     except KeyboardInterrupt:
         pass
     except OSError as exc:

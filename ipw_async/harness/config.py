@@ -21,6 +21,7 @@ from ..errors import RunError
 from ..load import ARRIVALS, RAMPS, LoadSpec
 from ..scoring import SCORERS
 from ..sim import SimConfig
+from ..telemetry.http import redact_url
 from ..traces import parse_price
 from ..validity.precision import PRECISION_METRICS, parse_targets
 from ..validity.saturation import OVERSATURATION_ACTIONS
@@ -310,8 +311,17 @@ class RunConfig:
         default=None,
         metadata=option(
             "File holding the token the agents in --telemetry-url were started with (sent as a "
-            "bearer header; the token itself is never written to any file or log).",
-            envvar="IPW_ASYNC_TELEMETRY_TOKEN_FILE",
+            "bearer header, never written to any file or log); default: the IPW_ASYNC_AGENT_TOKEN "
+            "environment variable's token, if set.",
+            show_default=False,
+            panel=TELEMETRY,
+        ),
+    )
+    prometheus_token_file: Path | None = field(
+        default=None,
+        metadata=option(
+            "File holding a bearer token for the --prometheus-url endpoints (an exporter behind an "
+            "authenticating proxy; a user and password in the URL are sent as basic auth instead).",
             show_default=False,
             panel=TELEMETRY,
         ),
@@ -515,6 +525,8 @@ class RunConfig:
         out = dataclasses.asdict(self)
         out.pop("api_key")
         out["api_key_set"] = self.api_key is not None
+        out["telemetry_url"] = [redact_url(u) for u in self.telemetry_url]
+        out["prometheus_url"] = [redact_url(u) for u in self.prometheus_url]
         if self.base_url is None:
             out["sim"] = dataclasses.asdict(self.sim_config())
         else:

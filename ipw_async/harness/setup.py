@@ -4,8 +4,10 @@ sources and the client's settings."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import anyio
@@ -13,7 +15,8 @@ import anyio
 from ..client import ClientConfig, list_models
 from ..errors import RunError
 from ..sim import SimConfig, SimulatorProcess
-from ..telemetry import TelemetrySetup, open_sources
+from ..telemetry import RemoteAccess, TelemetrySetup, open_sources
+from ..telemetry.http import AGENT_TOKEN_ENV, read_token, redact_url
 from .config import RunConfig
 
 
@@ -48,6 +51,7 @@ async def open_telemetry(
     """The run's telemetry sources, each said (opened or skipped and why); a source the user
     named that cannot be read stops the run before it starts."""
     try:
+        access = remote_access(config)
         telemetry = await anyio.to_thread.run_sync(
             lambda: open_sources(
                 config.telemetry,
@@ -55,11 +59,12 @@ async def open_telemetry(
                 gpus=config.gpus,
                 agents=config.telemetry_url,
                 scrapes=config.prometheus_url,
+                access=access,
             )
         )
     except ValueError as exc:
         raise RunError(str(exc)) from None
-    asked = [*config.telemetry_url, *config.prometheus_url]
+    asked = [redact_url(u) for u in (*config.telemetry_url, *config.prometheus_url)]
     missing = [telemetry.skipped[url] for url in asked if url in telemetry.skipped]
     if missing:  # asked for the server's own meters: a run without them would measure nothing
         telemetry.close()
@@ -76,6 +81,24 @@ async def open_telemetry(
             "(run `ipw-async agent` there and give --telemetry-url)"
         )
     return telemetry
+
+
+def remote_access(config: RunConfig) -> RemoteAccess:
+    """Credentials and schedule for the run's agents and exporters; ValueError for an
+    unreadable token file."""
+
+    def token(path: Path | None, env: str | None) -> str | None:
+        if path is not None:
+            return read_token(path)
+        return (os.environ.get(env) or "").strip() or None if env else None
+
+    return RemoteAccess(
+        agent_token=token(config.telemetry_token_file, AGENT_TOKEN_ENV),
+        scrape_token=token(config.prometheus_token_file, None),
+        ca_file=config.telemetry_ca_file,
+        period_s=config.sample_ms / 1000,
+        probe_s=config.counter_probe_s,
+    )
 
 
 def client_config(c: RunConfig, base_url: str, pool_size: int) -> ClientConfig:

@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .base import Meter, Quantity, Reading, SourceInfo, SourceUnavailable, TelemetrySource
+from .http import redact_url
 from .prometheus import PrometheusSource
 from .remote import Agent
 from .sampler import OpenSource, Sampler, TelemetryLog
 from .sim import SimDeviceSource
 from .sources import available_source_names, make_source
+
+
+@dataclass(frozen=True)
+class RemoteAccess:
+    """How agents and exporters are reached: credentials, the CA, the agents' schedule."""
+
+    agent_token: str | None = field(default=None, repr=False)
+    scrape_token: str | None = field(default=None, repr=False)
+    ca_file: Path | None = None
+    period_s: float = 0.05  # the agents stream a reading of each source this often
+    probe_s: float = 1.0  # and probe their counters' grids for this long, every 20 s
 
 
 @dataclass
@@ -23,6 +38,16 @@ class TelemetrySetup:
             s.source.close()
 
 
+def _importable(module: str) -> bool:
+    """Whether ``module`` is there to import, without importing it."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _names(spec: str, simulated: bool, remote: bool) -> list[str]:
     if spec == "none":
         return []
@@ -32,7 +57,10 @@ def _names(spec: str, simulated: bool, remote: bool) -> list[str]:
         # server's are read through an agent or its exporter.
         if remote:
             return ["rapl", "psutil"]
-        return ["sim", "rapl", "psutil"] if simulated else ["nvml", "rapl", "psutil"]
+        if simulated:
+            return ["sim", "rapl", "psutil"]
+        # AMD SMI only where its package is installed, so NVIDIA machines get no "skipped" line
+        return ["nvml", "amdsmi", "rapl", "psutil"] if _importable("amdsmi") else ["nvml", "rapl", "psutil"]
     names = [n.strip() for n in spec.split(",") if n.strip()]
     valid = {*available_source_names(), "sim"}
     unknown = [n for n in names if n not in valid]
@@ -51,25 +79,35 @@ def open_sources(
     gpus: Sequence[str] | None = None,
     agents: Sequence[str] = (),
     scrapes: Sequence[str] = (),
+    access: RemoteAccess | None = None,
 ) -> TelemetrySetup:
     """Open what ``spec`` names (``auto``, ``none`` or a comma list), every source of each agent
-    in ``agents`` and each Prometheus endpoint in ``scrapes`` (URLs); unavailable ones are
-    skipped with their reason (by URL). With ``auto``, a CPU power estimate stands in when
-    RAPL is unavailable, and this machine's GPUs are left out where the URLs gave GPUs."""
+    in ``agents`` and each Prometheus endpoint in ``scrapes`` (URLs), reached as ``access``
+    says; unavailable ones are skipped with their reason (by URL, credentials left out). With
+    ``auto``, a CPU power estimate stands in when RAPL is unavailable, and this machine's GPUs
+    are left out where the URLs gave GPUs."""
     setup = TelemetrySetup()
+    access = access or RemoteAccess()
     for url in agents:
         try:
-            remote: list[TelemetrySource] = list(Agent(url).sources())
+            agent = Agent(
+                url,
+                token=access.agent_token,
+                ca_file=access.ca_file,
+                period_s=access.period_s,
+                probe_s=access.probe_s,
+            )
+            remote: list[TelemetrySource] = list(agent.sources())
         except SourceUnavailable as exc:
-            setup.skipped[url] = str(exc)
+            setup.skipped[redact_url(url)] = str(exc)
             continue
         setup.opened += [OpenSource(r, r.open()) for r in remote]
     for url in scrapes:
         try:
-            scrape = PrometheusSource(url)
+            scrape = PrometheusSource(url, token=access.scrape_token, ca_file=access.ca_file)
             setup.opened.append(OpenSource(scrape, scrape.open()))
         except SourceUnavailable as exc:
-            setup.skipped[url] = str(exc)
+            setup.skipped[redact_url(url)] = str(exc)
     remote_gpus = any(m.accelerator for s in setup.opened for m in s.info.meters)
     names = _names(spec, sim_root_url is not None, remote_gpus)
     for name in names:
@@ -95,6 +133,7 @@ __all__ = [
     "OpenSource",
     "Quantity",
     "Reading",
+    "RemoteAccess",
     "Sampler",
     "SourceInfo",
     "SourceUnavailable",

@@ -1,7 +1,8 @@
-"""What GPU hosts already export, scraped as telemetry: DCGM exporter and the server's /metrics.
+"""What GPU hosts already export, scraped as telemetry: DCGM exporter, AMD's Device Metrics
+Exporter and the server's /metrics.
 
-DCGM exporter's total-energy field (mJ) becomes a counter meter per GPU, like NVML's, and its
-power field the power column. An inference server's own gauges and counters (vLLM's, llama.cpp's,
+DCGM exporter's total-energy field (mJ) and AMD's (µJ) become a counter meter per GPU, like
+NVML's, and their power field the power column; clocks and throttle reasons are logged beside. An inference server's own gauges and counters (vLLM's, llama.cpp's,
 SGLang's: requests running and waiting, tokens, cache use) go into the telemetry log beside
 them. A scrape carries no time of its own, so a reading is timed to the middle of the scrape
 (the sampler's rule), and a counter the exporter refreshes slowly is re-timed by its learned
@@ -12,17 +13,31 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from pathlib import Path
 
 from .base import CountedSource, CounterTracker, Meter, Quantity, Reading, SourceInfo, SourceUnavailable
-from .http import ERRORS, KeptAlive, http_url
+from .http import ERRORS, KeptAlive, endpoint
 
-# DCGM exporter fields, per GPU: (quantity, scale to our unit)
+# Exporters' per-GPU fields: (quantity, scale to our unit). DCGM's GPUs are labelled gpu=,
+# AMD's gpu_id= (and its names may carry an amd_ prefix).
 DCGM_FIELDS = {
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": (Quantity.ENERGY_J, 1e-3),  # mJ since the driver loaded
     "DCGM_FI_DEV_POWER_USAGE": (Quantity.POWER_W, 1.0),
     "DCGM_FI_DEV_GPU_UTIL": (Quantity.UTIL_PCT, 1.0),
     "DCGM_FI_DEV_FB_USED": (Quantity.MEM_USED_MB, 1.0),
     "DCGM_FI_DEV_GPU_TEMP": (Quantity.TEMP_C, 1.0),
+    "DCGM_FI_DEV_SM_CLOCK": (Quantity.SM_CLOCK_MHZ, 1.0),
+    "DCGM_FI_DEV_MEM_CLOCK": (Quantity.MEM_CLOCK_MHZ, 1.0),
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": (Quantity.THROTTLE_REASONS, 1.0),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": (Quantity.THROTTLE_REASONS, 1.0),  # its name since DCGM 3.3
+}
+AMD_FIELDS = {
+    "gpu_energy_consumed": (Quantity.ENERGY_J, 1e-6),  # µJ
+    "gpu_package_power": (Quantity.POWER_W, 1.0),
+    "gpu_power_usage": (Quantity.POWER_W, 1.0),  # older exporters' name for it
+    "gpu_gfx_activity": (Quantity.UTIL_PCT, 1.0),
+    "gpu_used_vram": (Quantity.MEM_USED_MB, 1.0),
+    "gpu_junction_temperature": (Quantity.TEMP_C, 1.0),
 }
 SERVER_PREFIXES = ("vllm:", "llamacpp:", "sglang:")
 HISTOGRAM_PARTS = ("_bucket", "_sum", "_count", "_created")
@@ -50,13 +65,22 @@ def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
 class PrometheusSource(CountedSource):
     """One scrape endpoint, e.g. DCGM exporter's ``http://gpu-host:9400/metrics``."""
 
-    def __init__(self, url: str, timeout: float = 2.0) -> None:
-        parts = http_url(url, "a metrics URL", "http://gpu-host:9400/metrics")
-        self.url = f"http://{parts.netloc}{parts.path or '/metrics'}"
-        self.label = parts.netloc
-        self.name = f"prometheus@{parts.netloc}"
-        self._path = parts.path or "/metrics"
-        self._http = KeptAlive(str(parts.hostname), parts.port or 80, timeout)
+    def __init__(
+        self, url: str, timeout: float = 2.0, token: str | None = None, ca_file: Path | None = None
+    ) -> None:
+        where = endpoint(
+            url,
+            "a metrics URL",
+            "http://gpu-host:9400/metrics",
+            token=token,
+            ca_file=ca_file,
+            default_path="/metrics",
+        )
+        self.url = where.url
+        self.label = where.label
+        self.name = f"prometheus@{where.label}"
+        self._path = where.path
+        self._http = KeptAlive(where, timeout)
         self._columns: list[str] = []
         self.counters: dict[str, CounterTracker] = {}
 
@@ -66,9 +90,14 @@ class PrometheusSource(CountedSource):
     def _values(self, text: str) -> dict[str, float]:
         values: dict[str, float] = defaultdict(float)
         for name, labels, value in parse(text):
+            amd = AMD_FIELDS.get(name.removeprefix("amd_"))
             if name in DCGM_FIELDS:
                 quantity, scale = DCGM_FIELDS[name]
                 gpu = f"gpu{labels.get('gpu', labels.get('UUID', '0'))}@{self.label}"
+                values[f"{gpu}.{quantity}"] = value * scale
+            elif amd is not None:
+                quantity, scale = amd
+                gpu = f"gpu{labels.get('gpu_id', '0')}@{self.label}"
                 values[f"{gpu}.{quantity}"] = value * scale
             elif name.startswith(SERVER_PREFIXES) and not name.endswith(HISTOGRAM_PARTS):
                 # summed over label sets (one per model, usually just one)
@@ -82,7 +111,7 @@ class PrometheusSource(CountedSource):
             raise SourceUnavailable(f"cannot scrape {self.url} ({exc})") from None
         if not values:
             raise SourceUnavailable(
-                f"{self.url} shows no metric ipw-async reads (DCGM exporter's GPU fields, or a vLLM, "
+                f"{self.url} shows no metric ipw-async reads (DCGM's or AMD's exporter's GPU fields, or a vLLM, "
                 "llama.cpp or SGLang server's)"
             )
         self._columns = sorted(values)
@@ -102,7 +131,7 @@ class PrometheusSource(CountedSource):
         return SourceInfo(
             columns=self._columns,
             meters=meters,
-            description=f"Prometheus {self.url}: {gpus} GPU(s) (DCGM), {server} server metric(s)",
+            description=f"Prometheus {self.url}: {gpus} GPU(s) (DCGM or AMD exporter), {server} server metric(s)",
         )
 
     def read(self) -> Reading:
