@@ -284,7 +284,7 @@ class RunConfig:
     )
     telemetry: str = field(
         default="auto",
-        metadata=option("auto, none, or a list from nvml,rapl,psutil,cpu-model,sim.", panel=TELEMETRY),
+        metadata=option("auto, none, or a list from nvml,amdsmi,rapl,psutil,cpu-model,sim.", panel=TELEMETRY),
     )
     telemetry_url: list[str] = field(
         default_factory=list,

@@ -98,6 +98,7 @@ def remote_access(config: RunConfig) -> RemoteAccess:
         ca_file=config.telemetry_ca_file,
         period_s=config.sample_ms / 1000,
         probe_s=config.counter_probe_s,
+        realtime=config.realtime_sampler,
     )
 
 

@@ -26,6 +26,7 @@ class RemoteAccess:
     ca_file: Path | None = None
     period_s: float = 0.05  # the agents stream a reading of each source this often
     probe_s: float = 1.0  # and probe their counters' grids for this long, every 20 s
+    realtime: bool = True  # the threads following them ask for real-time scheduling
 
 
 @dataclass
@@ -96,6 +97,7 @@ def open_sources(
                 ca_file=access.ca_file,
                 period_s=access.period_s,
                 probe_s=access.probe_s,
+                realtime=access.realtime,
             )
             remote: list[TelemetrySource] = list(agent.sources())
         except SourceUnavailable as exc:

@@ -135,7 +135,7 @@ class _SwitchInterval:
 _switch_interval = _SwitchInterval()
 
 
-def _ask_realtime() -> str:
+def ask_realtime() -> str:
     """Ask for FIFO real-time scheduling of the calling thread, so that it runs the moment
     its timer fires even with every core busy; returns the scheduling it has."""
     if not hasattr(os, "sched_setscheduler"):
@@ -289,7 +289,7 @@ class Sampler:
                 _switch_interval.release()
 
     def _ticks(self, stop: threading.Event) -> None:
-        self.scheduling = _ask_realtime() if self.realtime else "normal (real-time not asked for)"
+        self.scheduling = ask_realtime() if self.realtime else "normal (real-time not asked for)"
         start = deadline = probe_start = probe_next = now_ns()
         probe_end = start + self.probe_ns
         probing = self.probe_ns > 0 and any(self._has_counter)

@@ -1,0 +1,152 @@
+"""Telemetry from another host: what a hung agent costs, and counter grids learned on the agent.
+
+1. A hung agent. c=8 for ``--duration`` s on the simulator, its device read through an
+   ``ipw-async agent`` and this machine's meters (psutil, the CPU model) read locally; once with
+   the agent stopped (SIGSTOP) for ``--hang-s`` s mid-run and once without. Per run: this
+   machine's meter's largest gap, the sampler's skipped ticks and p99 lateness, and the agent's
+   meter's largest gap with the energy imputed over it. The agent's reads are off the sampler's
+   thread, so the local figures should match with and without the hang.
+2. Counter grids through an agent. The simulated device's counter updates every 100 ms at
+   known instants (no jitter); the grids the run learned, read locally and through an agent
+   whose clock reads ``--shift-s`` ahead, against those instants.
+
+    python benchmarks/fleet_telemetry.py [--duration 20] [--hang-s 5] [--shift-s 37.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from ipw_async import RunConfig, run_benchmark
+from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
+from ipw_async.telemetry_agent import AgentProcess
+
+PERIOD_MS = 100.0
+
+
+async def hung(duration: float, hang_s: float | None, tmp: Path) -> dict[str, Any]:
+    """A run with the device read through an agent, hung for ``hang_s`` mid-run (None: not)."""
+    with (
+        SimulatorProcess(SimConfig()) as sim,
+        AgentProcess(["--telemetry", "sim", "--sim-url", sim.root_url]) as agent,
+    ):
+        config = RunConfig(
+            base_url=sim.base_url,
+            output_dir=tmp / f"hung_{hang_s}",
+            overwrite=True,
+            concurrency=8,
+            duration=duration,
+            dataset="synthetic",
+            telemetry="psutil,cpu-model",
+            telemetry_url=[agent.root_url],
+        )
+        run = asyncio.create_task(run_benchmark(config))
+        if hang_s is not None:
+            await asyncio.sleep(duration / 2)
+            os.kill(agent.pid, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(hang_s)
+            finally:
+                os.kill(agent.pid, signal.SIGCONT)
+        result = await run
+    remote = f"sim@127.0.0.1:{agent.port}"
+    sampler = result.summary["telemetry"]["sampler"]
+    meter = result.summary["energy"]["meters"][remote]
+    provenance = result.records.get_column(f"{remote}.provenance").to_list()
+    return {
+        "local_gap_ms": sampler["gaps"]["cpu-model"]["largest_ms"],
+        "skipped": sampler["skipped_ticks"],
+        "late_p99_ms": sampler["lateness_ms"]["p99"],
+        "remote_gap_ms": sampler["gaps"][remote]["largest_ms"],
+        "imputed_j": meter.get("imputed_j") or 0.0,
+        "imputed_queries": sum(p == "imputed" for p in provenance),
+        "queries": len(provenance),
+    }
+
+
+async def grid_errors(how: str, shift_s: float, tmp: Path) -> dict[str, Any]:
+    """Each learned grid's distance from the device's true update instants, in ms."""
+    sim_config = SimConfig(engine=EngineConfig(counter_jitter_ms=0.0, counter_period_ms=PERIOD_MS))
+    options: dict[str, Any] = {
+        "output_dir": tmp / f"grid_{how}",
+        "overwrite": True,
+        "concurrency": 8,
+        "duration": 45.0,  # three probes: at the start, 4 s on and 20 s on
+        "dataset": "synthetic",
+    }
+    with SimulatorProcess(sim_config) as sim:
+        agent = None
+        if how == "local":
+            options["telemetry"] = "sim"
+        else:
+            args = ["--telemetry", "sim", "--sim-url", sim.root_url, "--clock-shift-s", str(shift_s)]
+            agent = AgentProcess(args).start()
+            options |= {"telemetry": "none", "telemetry_url": [agent.root_url]}
+        try:
+            result = await run_benchmark(RunConfig(base_url=sim.base_url, **options))
+        finally:
+            if agent is not None:
+                agent.stop()
+        truth = httpx.get(f"{sim.root_url}/sim/truth", timeout=10).json()
+    t0 = json.loads((options["output_dir"] / "run.json").read_text())["clock"]["t0_monotonic_ns"]
+    meter = result.summary["energy"]["headline_meters"][0]
+    grids = result.summary["energy"]["meters"][meter]["counter_grids"]
+    period_ns = PERIOD_MS * 1e6
+    off = [((g["phase_ns"] + t0 - truth["counter_t0_ns"]) / period_ns + 0.5) % 1 - 0.5 for g in grids]
+    errors = np.abs(np.array(off)) * PERIOD_MS
+    clocks = list(result.summary["telemetry"]["clocks"].values())
+    offset_error_ms = clocks[0]["offset_ms"] - shift_s * 1000 if clocks else None
+    return {
+        "grids": len(grids),
+        "max_ms": float(errors.max()),
+        "median_ms": float(np.median(errors)),
+        "offset_error_ms": offset_error_ms,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--hang-s", type=float, default=5.0)
+    parser.add_argument("--shift-s", type=float, default=37.5, help="how far ahead the agent's clock reads")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        print(
+            f"1. a hung agent: c=8, {args.duration:g} s, the device through an agent, this machine's meters local"
+        )
+        print(
+            f"   {'agent':<18} {'local gap':>10} {'skipped':>8} {'late p99':>9} {'agent gap':>10} "
+            f"{'imputed':>9} {'queries imputed':>16}"
+        )
+        for label, hang in (("answering", None), (f"hung {args.hang_s:g} s", args.hang_s)):
+            r = asyncio.run(hung(args.duration, hang, tmp))
+            print(
+                f"   {label:<18} {r['local_gap_ms']:>8.0f} ms {r['skipped']:>8} {r['late_p99_ms']:>6.2f} ms "
+                f"{r['remote_gap_ms']:>7.0f} ms {r['imputed_j']:>7.1f} J {r['imputed_queries']:>7} of {r['queries']}"
+            )
+        print("\n2. counter grids (100 ms counter, no jitter) against the device's true update instants")
+        for how, label in (
+            ("local", "read locally"),
+            ("agent", f"through an agent, clock +{args.shift_s:g} s"),
+        ):
+            r = asyncio.run(grid_errors(how, args.shift_s, tmp))
+            print(
+                f"   {label:<34} {r['grids']} grids, phase error max {r['max_ms']:.3f} ms, median {r['median_ms']:.3f} ms"
+            )
+
+
+if __name__ == "__main__":
+    main()
