@@ -167,7 +167,8 @@ def test_constraints_reject_with_reasons(sweep: SweepResult) -> None:
 def test_plots_of_a_real_run(sweep: SweepResult, tmp_path: Path, drawn: dict[str, dict[str, int]]) -> None:
     report = plot_run(sweep.out_dir / "c4_r0", tmp_path / "plots")
     assert report.skipped == {}
-    assert len(report.written) == 9
+    assert len(report.written) == 10
+    assert tmp_path / "plots" / "device_state.png" in report.written  # the device's temperature
     for path in report.written:
         assert_drawn(drawn, path)
 
@@ -178,6 +179,7 @@ def test_plot_skips_what_a_run_lacks(sweep: SweepResult, tmp_path: Path) -> None
     (run / files.RECORDS).write_bytes((sweep.out_dir / "c2_r0" / files.RECORDS).read_bytes())
     report = plot_run(run)
     assert "power_timeline" in report.skipped and "telemetry" in report.skipped["power_timeline"]
+    assert "telemetry" in report.skipped["device_state"]
     assert (run / "plots" / "ttft_cdf.png").is_file()
 
 

@@ -1,4 +1,5 @@
-"""``plot``: PNG figures of one run: regressions, token lengths, power over time, energy, TTFT."""
+"""``plot``: PNG figures of one run: regressions, token lengths, power and device state over
+time, energy, TTFT."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import polars as pl
 from matplotlib.figure import Figure
 from scipy import stats
 
+from .._clock import NS
 from ..energy import request_windows
-from ..telemetry.base import time_column
+from ..telemetry.base import Quantity
 from .plotting import PlotReport, SkipPlot, new_figure, render, title_suffix
 from .regression import PAIRS, fit, points
 from .rundir import HEADLINE, RunDir, column, energy_columns, load_run
@@ -85,22 +87,24 @@ def in_flight(records: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     times = np.concatenate((sent, end))
     steps = np.concatenate((np.ones(sent.size), -np.ones(end.size)))
     order = np.argsort(times, kind="stable")
-    return times[order] / 1e9, np.cumsum(steps[order])
+    return times[order] / NS, np.cumsum(steps[order])
 
 
 def power_timeline(run: RunDir) -> Figure:
     if run.telemetry is None:
         raise SkipPlot("the run has no telemetry.arrow")
     series = [
-        (m.channel, m.source, m.power_column) for m in run.meters() if m.power_column in run.telemetry.columns
+        (m.channel, m.time_column, m.power_column)
+        for m in run.meters()
+        if m.power_column in run.telemetry.columns
     ]
     if not series:
         raise SkipPlot("the telemetry log has no power column")
     fig = new_figure(9, 4.5)
     ax = fig.add_subplot()
-    for channel, source, power_col in series:
-        rows = run.telemetry.select(time_column(source), power_col).drop_nulls()
-        ax.plot(rows[:, 0].to_numpy() / 1e9, rows[:, 1].to_numpy(), lw=1, label=f"{channel} power")
+    for channel, time_col, power_col in series:
+        rows = run.telemetry.select(time_col, power_col).drop_nulls()
+        ax.plot(rows[:, 0].to_numpy() / NS, rows[:, 1].to_numpy(), lw=1, label=f"{channel} power")
     ax.set_xlabel("time since run start (s)")
     ax.set_ylabel("power (W)")
     twin = ax.twinx()
@@ -111,6 +115,54 @@ def power_timeline(run: RunDir) -> Figure:
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
     ax.legend(handles=handles, fontsize=8, loc="upper right")
     fig.suptitle("power and load over the run" + title_suffix(run.simulated))
+    return fig
+
+
+# what drives a device's power besides the load, a panel each where the telemetry has it
+DEVICE_STATE = (
+    (Quantity.SM_CLOCK_MHZ, "compute clock (MHz)"),
+    (Quantity.MEM_CLOCK_MHZ, "memory clock (MHz)"),
+    (Quantity.TEMP_C, "temperature (°C)"),
+    (Quantity.THROTTLE_REASONS, "clocks held down"),
+)
+
+
+def device_state(run: RunDir) -> Figure:
+    """Each accelerator's clocks, temperature and throttling over the run, one panel each."""
+    if run.telemetry is None:
+        raise SkipPlot("the run has no telemetry.arrow")
+    telemetry = run.telemetry
+    meters = [m for m in run.meters() if m.accelerator]
+    panels = [
+        (
+            quantity,
+            label,
+            [
+                (m, f"{m.channel}.{quantity}")
+                for m in meters
+                if f"{m.channel}.{quantity}" in telemetry.columns
+            ],
+        )
+        for quantity, label in DEVICE_STATE
+    ]
+    panels = [p for p in panels if p[2]]
+    if not panels:
+        raise SkipPlot("the telemetry log has no device clock, temperature or throttle column")
+    fig = new_figure(9, 1.2 + 1.8 * len(panels))
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (quantity, label, series) in zip(axes, panels, strict=True):
+        for meter, col in series:
+            rows = telemetry.select(meter.time_column, col).drop_nulls()
+            t, v = rows[:, 0].to_numpy() / NS, rows[:, 1].to_numpy()
+            if quantity == Quantity.THROTTLE_REASONS:  # a bitmask: held down or not
+                ax.step(t, (v != 0).astype(float), where="post", lw=1, label=meter.channel)
+                ax.set_yticks([0, 1], ["no", "yes"])
+            else:
+                ax.plot(t, v, lw=1, label=meter.channel)
+        ax.set_ylabel(label, fontsize=8)
+    axes[0].legend(fontsize=8, loc="upper right")
+    axes[-1].set_xlabel("time since run start (s)")
+    fig.suptitle("device state over the run" + title_suffix(run.simulated))
     return fig
 
 
@@ -169,6 +221,7 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> PlotRepor
         render(report, out_dir, f"regression_{name}", partial(regression_plot, run, name))
     render(report, out_dir, "output_tokens_kde", partial(output_tokens_kde, run))
     render(report, out_dir, "power_timeline", partial(power_timeline, run))
+    render(report, out_dir, "device_state", partial(device_state, run))
     render(report, out_dir, "energy_histogram", partial(energy_histogram, run))
     render(report, out_dir, "ttft_cdf", partial(ttft_cdf, run))
     return report
