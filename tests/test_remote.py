@@ -333,3 +333,22 @@ async def test_a_hung_agent_costs_only_its_own_meter(tmp_path: Path) -> None:
     provenance = set(result.records.get_column(f"{remote}.provenance").to_list())
     assert "imputed" in provenance
     assert result.summary["telemetry"]["clocks"][remote]["reconnects"] >= 1
+
+
+def test_prometheus_text_from_amds_exporter_and_dcgms_covariates() -> None:
+    text = """gpu_energy_consumed{gpu_id="0",serial_number="S1",hostname="h"} 2.5e+12
+gpu_package_power{gpu_id="0",serial_number="S1"} 512.5
+gpu_gfx_activity{gpu_id="1",serial_number="S2"} 87
+amd_gpu_junction_temperature{gpu_id="1"} 71
+DCGM_FI_DEV_SM_CLOCK{gpu="0"} 1980
+DCGM_FI_DEV_CLOCKS_EVENT_REASONS{gpu="0"} 4
+"""
+    amd = PrometheusSource("http://mi300-host:5000/metrics")
+    assert amd._values(text) == {
+        "gpu0@mi300-host:5000.energy_j": pytest.approx(2.5e6),  # µJ to J
+        "gpu0@mi300-host:5000.power_w": 512.5,
+        "gpu1@mi300-host:5000.util_pct": 87.0,
+        "gpu1@mi300-host:5000.temp_c": 71.0,  # an amd_ prefix is the same field
+        "gpu0@mi300-host:5000.sm_clock_mhz": 1980.0,
+        "gpu0@mi300-host:5000.throttle_reasons": 4.0,
+    }
