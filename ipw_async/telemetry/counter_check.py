@@ -7,7 +7,11 @@ counter's updates, the counter's rise is compared with the trapezoid integral of
 power column over the same span of reads. They may differ by :data:`BASE_TOLERANCE` (power
 sampled every tick misses what happens between ticks, and a power field lags the device) plus
 the counter's quantisation: a value read is up to one update period old at each end of the
-span, so ``2 × period / window``.
+span, so ``2 × period / window``, plus what a power field that lags the device by up to
+:data:`POWER_LAG_S` misplaces across the window's ends: the change of power between them times
+that lag (NVML's power usage is a 1 s average on many GPUs, which trails the device by half
+of it). A window that opens idle
+and closes under load is then not mistaken for a faulty counter.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ MIN_PERIODS = 10  # a shorter window leaves the counter's quantisation above 20%
 WANT_PERIODS = 20
 MAX_WINDOW_NS = 60 * NS  # a counter slower than 3 s is checked over what a minute shows
 BASE_TOLERANCE = 0.10
+POWER_LAG_S = 0.5
 # below this the power readings say too little energy flowed to judge the counter by
 MIN_ENERGY_J = 1.0
 MIN_READINGS = 3
@@ -167,7 +172,9 @@ def check_counter(
             **figures,
         )
     ratio = counter_j / power_j
-    tolerance = BASE_TOLERANCE + (2 * period / (b - a) if period else 0.0)
+    p_a, p_b = np.interp([a, b], power[:, 0], power[:, 1])
+    lag = abs(float(p_b - p_a)) * POWER_LAG_S / power_j
+    tolerance = BASE_TOLERANCE + (2 * period / (b - a) if period else 0.0) + lag
     figures |= {"ratio": ratio, "tolerance": tolerance}
     if abs(ratio - 1) > tolerance:
         side = "above" if ratio > 1 else "below"
