@@ -5,22 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from .._clock import now_ns
 from .base import (
-    CountedSource,
     CounterTracker,
-    Meter,
     Quantity,
-    Reading,
     SourceInfo,
     SourceUnavailable,
 )
+from .gpu import Gpu, GpuLibrarySource
 
 _MIB = 1 << 20  # memory in MiB, as for NVML
 
@@ -63,16 +58,7 @@ class GlitchTolerantTracker(CounterTracker):
         return super().update(raw)
 
 
-@dataclass
-class _Gpu:
-    """One selected GPU and the queries that open() found it supports."""
-
-    handle: Any
-    name: str
-    queries: list[tuple[str, Callable[[], float | None]]] = field(default_factory=list)
-
-
-class AmdSmiSource(CountedSource):
+class AmdSmiSource(GpuLibrarySource):
     """AMD GPUs read through AMD SMI; one ``gpu{i}`` channel and meter per selected GPU.
 
     ``gpus`` selects GPUs by AMD SMI index ("0", the order ``amd-smi list`` shows) or UUID;
@@ -80,39 +66,33 @@ class AmdSmiSource(CountedSource):
     """
 
     name = "amdsmi"
+    library = "AMD SMI"
+    init_hint = "is the amdgpu driver loaded?"
+    # its Python layer answers some failures with these rather than its own exceptions
+    query_errors = (LookupError, TypeError, ValueError)
 
     def __init__(self, gpus: Sequence[str] | None = None, amdsmi: ModuleType | None = None) -> None:
-        self.gpus = list(gpus) if gpus is not None else None
-        self._smi = amdsmi
-        self._selected: list[_Gpu] = []
-        self._error: type[Exception] = Exception
-        self._initialised = False
-        self.counters: dict[str, CounterTracker] = {}  # per channel; resets and glitches reach the summary
+        super().__init__(gpus, amdsmi)
 
-    def open(self) -> SourceInfo:
-        smi = self._load()
+    def _import(self) -> ModuleType:
         try:
-            smi.amdsmi_init()
-        except self._error as exc:
-            raise SourceUnavailable(f"AMD SMI not available: {exc}; is the amdgpu driver loaded?") from exc
-        self._initialised = True
-        self._selected = []
-        self.counters = {}
-        try:
-            return self._open_devices(smi)
-        except BaseException:
-            self.close()
-            raise
+            return importlib.import_module("amdsmi")
+        except (ImportError, OSError) as exc:
+            raise SourceUnavailable(
+                f"AMD SMI not available: {exc}; install ROCm's amdsmi Python package "
+                "(pip install /opt/rocm/share/amd_smi)"
+            ) from exc
 
-    def read(self) -> Reading:
-        counters = self.read_counters()
-        values = counters.values | self._query(lambda column: not _is_energy(column))
-        return Reading(values, counters.t_ns)
+    def _error_type(self, module: ModuleType) -> type[Exception]:
+        return getattr(module, "AmdSmiException", None) or getattr(
+            module, "AmdSmiLibraryException", Exception
+        )
 
-    def read_counters(self) -> Reading:
-        start = now_ns()
-        values = self._query(_is_energy)
-        return Reading(values, (start + now_ns()) // 2)
+    def _init(self, module: ModuleType) -> None:
+        module.amdsmi_init()
+
+    def _shutdown(self, module: ModuleType) -> None:
+        module.amdsmi_shut_down()
 
     def counter_events(self) -> dict[str, dict[str, int]]:
         events = super().counter_events()
@@ -121,39 +101,6 @@ class AmdSmiSource(CountedSource):
                 events[channel]["backward"] = tracker.backward
         return events
 
-    def _query(self, wanted: Callable[[str], bool]) -> dict[str, float | None]:
-        values: dict[str, float | None] = {}
-        for gpu in self._selected:
-            for column, query in gpu.queries:
-                if wanted(column):
-                    try:
-                        values[column] = query()
-                    except (self._error, LookupError, TypeError, ValueError):
-                        values[column] = None
-        return values
-
-    def close(self) -> None:
-        if self._initialised:
-            self._initialised = False
-            self._selected = []
-            with contextlib.suppress(self._error):
-                self._smi.amdsmi_shut_down()
-
-    def _load(self) -> ModuleType:
-        if self._smi is None:
-            try:
-                self._smi = importlib.import_module("amdsmi")
-            except (ImportError, OSError) as exc:
-                raise SourceUnavailable(
-                    f"AMD SMI not available: {exc}; install ROCm's amdsmi Python package "
-                    "(pip install /opt/rocm/share/amd_smi)"
-                ) from exc
-        smi = self._smi
-        self._error = getattr(smi, "AmdSmiException", None) or getattr(
-            smi, "AmdSmiLibraryException", Exception
-        )
-        return smi
-
     def _open_devices(self, smi: ModuleType) -> SourceInfo:
         handles = list(smi.amdsmi_get_processor_handles())
         if not handles:
@@ -161,49 +108,15 @@ class AmdSmiSource(CountedSource):
         uuids = [str(smi.amdsmi_get_gpu_device_uuid(h)) for h in handles]
         indices = self._resolve(uuids)
         transient = tuple(getattr(smi, n) for n in _TRANSIENT_ERRORS if hasattr(smi, n))
-
         columns: list[str] = []
-        meters: list[Meter] = []
+        kinds: dict[str, str | None] = {}
         caveats: list[str] = []
         for i in indices:
-            gpu = _Gpu(handle=handles[i], name=self._market_name(smi, handles[i]))
-            channel = f"gpu{i}"
-            kind = self._probe(smi, gpu, channel, transient, caveats)
+            gpu = Gpu(handle=handles[i], name=self._market_name(smi, handles[i]))
+            kinds[f"gpu{i}"] = self._probe(smi, gpu, f"gpu{i}", transient, caveats)
             self._selected.append(gpu)
             columns += [c for c, _ in gpu.queries]
-            if kind is None:
-                caveats.append(f"no power reading on {channel}")
-            else:
-                meters.append(Meter(channel=channel, kind=kind, accelerator=True))
-                if kind == "power":
-                    caveats.append(f"no energy counter on {channel}, power integrated")
-
-        names = Counter(g.name for g in self._selected)
-        description = " + ".join(f"{n} × {name}" for name, n in names.items())
-        driver = self._driver_version(smi, handles[indices[0]])
-        if driver:
-            description += f" (driver {driver})"
-        if caveats:
-            description += "; " + "; ".join(caveats)
-        return SourceInfo(columns=columns, meters=meters, description=description)
-
-    def _resolve(self, uuids: list[str]) -> list[int]:
-        if self.gpus is None:
-            return list(range(len(uuids)))
-        by_uuid = {u.lower(): i for i, u in enumerate(uuids)}
-        indices: list[int] = []
-        for wanted in self.gpus:
-            key = wanted.strip()
-            if key.isdigit() and int(key) < len(uuids):
-                index = int(key)
-            elif key.lower() in by_uuid:
-                index = by_uuid[key.lower()]
-            else:
-                available = ", ".join(f"{i} ({u})" for i, u in enumerate(uuids))
-                raise SourceUnavailable(f"no GPU {wanted!r} on this machine; available: {available}")
-            if index not in indices:
-                indices.append(index)
-        return indices
+        return self._opened(kinds, columns, self._driver_version(smi, handles[indices[0]]), caveats)
 
     def _market_name(self, smi: ModuleType, handle: Any) -> str:
         try:
@@ -222,7 +135,7 @@ class AmdSmiSource(CountedSource):
     def _probe(
         self,
         smi: ModuleType,
-        gpu: _Gpu,
+        gpu: Gpu,
         channel: str,
         transient: tuple[type[Exception], ...],
         caveats: list[str],
@@ -326,10 +239,6 @@ class AmdSmiSource(CountedSource):
         if has_energy:
             return "counter"
         return "power" if has_power else None
-
-
-def _is_energy(column: str) -> bool:
-    return column.endswith(f".{Quantity.ENERGY_J}")
 
 
 def _number(value: Any) -> float | None:

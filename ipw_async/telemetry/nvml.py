@@ -3,24 +3,20 @@ the reasons the clocks are held down."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from .._clock import now_ns
 from .base import (
-    CountedSource,
     CounterTracker,
-    Meter,
     Quantity,
     Reading,
     SourceInfo,
     SourceUnavailable,
 )
+from .gpu import Gpu, GpuLibrarySource
 
 _MIB = 1 << 20  # memory in MiB, the unit nvidia-smi reports
 
@@ -33,18 +29,13 @@ _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal"
 
 
 @dataclass
-class _Gpu:
-    """One selected GPU and the queries that open() found it supports."""
-
-    handle: Any
-    name: str
-    queries: list[tuple[str, Callable[[], float]]] = field(default_factory=list)
+class _Gpu(Gpu):
     # Field values (instant/average power) come from a single nvmlDeviceGetFieldValues call.
     field_ids: list[int] = field(default_factory=list)
     field_columns: list[str] = field(default_factory=list)
 
 
-class NvmlSource(CountedSource):
+class NvmlSource(GpuLibrarySource):
     """NVIDIA GPUs read through NVML; one ``gpu{i}`` channel and meter per selected GPU.
 
     ``gpus`` selects GPUs by NVML index ("0", PCI bus order, which may differ from CUDA's
@@ -53,83 +44,46 @@ class NvmlSource(CountedSource):
     """
 
     name = "nvml"
+    library = "NVML"
+    init_hint = "is an NVIDIA driver installed?"
 
     def __init__(self, gpus: Sequence[str] | None = None, nvml: ModuleType | None = None) -> None:
-        self.gpus = list(gpus) if gpus is not None else None
-        self._nvml = nvml
-        self._selected: list[_Gpu] = []
-        self._error: type[Exception] = Exception
-        self._initialised = False
-        self.counters: dict[str, CounterTracker] = {}  # per channel; resets and wraps reach the summary
+        super().__init__(gpus, nvml)
 
-    def open(self) -> SourceInfo:
-        nvml = self._load()
+    def _import(self) -> ModuleType:
         try:
-            nvml.nvmlInit()
-        except self._error as exc:
-            raise SourceUnavailable(f"NVML not available: {exc}; is an NVIDIA driver installed?") from exc
-        self._initialised = True
-        self._selected = []
-        self.counters = {}
-        try:
-            return self._open_devices(nvml)
-        except BaseException:
-            self.close()
-            raise
+            return importlib.import_module("pynvml")
+        except ImportError as exc:
+            raise SourceUnavailable(
+                f"NVML not available: {exc}; install nvidia-ml-py (pip install nvidia-ml-py)"
+            ) from exc
+
+    def _error_type(self, module: ModuleType) -> type[Exception]:
+        return module.NVMLError  # type: ignore[no-any-return]
+
+    def _init(self, module: ModuleType) -> None:
+        module.nvmlInit()
+
+    def _shutdown(self, module: ModuleType) -> None:
+        module.nvmlShutdown()
 
     def read(self) -> Reading:
-        nvml = self._nvml
-        error = self._error
-        counters = self.read_counters()
-        values = counters.values | self._query(lambda column: not _is_energy(column))
+        nvml = self._module
+        assert nvml is not None
+        reading = super().read()
+        values = reading.values
         for gpu in self._selected:
+            assert isinstance(gpu, _Gpu)
             if gpu.field_ids:
                 try:
                     fields = nvml.nvmlDeviceGetFieldValues(gpu.handle, gpu.field_ids)
-                except error:
+                except self._error:
                     for column in gpu.field_columns:
                         values[column] = None
                 else:
                     for column, fv in zip(gpu.field_columns, fields, strict=True):
                         values[column] = _field_watts(fv, nvml.NVML_SUCCESS)
-        return Reading(values, counters.t_ns)
-
-    def read_counters(self) -> Reading:
-        # Every GPU's counter first, stamped together: the other queries take longer than
-        # the counter grid's timing is good for.
-        start = now_ns()
-        values = self._query(_is_energy)
-        return Reading(values, (start + now_ns()) // 2)
-
-    def _query(self, wanted: Callable[[str], bool]) -> dict[str, float | None]:
-        values: dict[str, float | None] = {}
-        for gpu in self._selected:
-            for column, query in gpu.queries:
-                if wanted(column):
-                    try:
-                        values[column] = query()
-                    except self._error:
-                        values[column] = None
-        return values
-
-    def close(self) -> None:
-        if self._initialised:
-            self._initialised = False
-            self._selected = []
-            # If the driver refuses there is nothing left to release.
-            with contextlib.suppress(self._error):
-                self._nvml.nvmlShutdown()
-
-    def _load(self) -> ModuleType:
-        if self._nvml is None:
-            try:
-                self._nvml = importlib.import_module("pynvml")
-            except ImportError as exc:
-                raise SourceUnavailable(
-                    f"NVML not available: {exc}; install nvidia-ml-py (pip install nvidia-ml-py)"
-                ) from exc
-        self._error = self._nvml.NVMLError
-        return self._nvml
+        return reading
 
     def _open_devices(self, nvml: ModuleType) -> SourceInfo:
         count = nvml.nvmlDeviceGetCount()
@@ -137,49 +91,15 @@ class NvmlSource(CountedSource):
             raise SourceUnavailable("NVML found no GPUs; is the driver loaded and a GPU visible?")
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         uuids = [nvml.nvmlDeviceGetUUID(h) for h in handles]
-        indices = self._resolve(uuids)
         unsupported = tuple(getattr(nvml, n) for n in _UNSUPPORTED_ERRORS if hasattr(nvml, n))
-
         columns: list[str] = []
-        meters: list[Meter] = []
-        caveats: list[str] = []
-        for i in indices:
+        kinds: dict[str, str | None] = {}
+        for i in self._resolve(uuids):
             gpu = _Gpu(handle=handles[i], name=nvml.nvmlDeviceGetName(handles[i]))
-            channel = f"gpu{i}"
-            kind = self._probe(nvml, gpu, channel, unsupported)
+            kinds[f"gpu{i}"] = self._probe(nvml, gpu, f"gpu{i}", unsupported)
             self._selected.append(gpu)
             columns += [c for c, _ in gpu.queries] + gpu.field_columns
-            if kind is None:
-                caveats.append(f"no power reading on {channel}")
-            else:
-                meters.append(Meter(channel=channel, kind=kind, accelerator=True))
-                if kind == "power":
-                    caveats.append(f"no energy counter on {channel}, power integrated")
-
-        names = Counter(g.name for g in self._selected)
-        description = " + ".join(f"{n} × {name}" for name, n in names.items())
-        description += f" (driver {nvml.nvmlSystemGetDriverVersion()})"
-        if caveats:
-            description += "; " + "; ".join(caveats)
-        return SourceInfo(columns=columns, meters=meters, description=description)
-
-    def _resolve(self, uuids: list[str]) -> list[int]:
-        if self.gpus is None:
-            return list(range(len(uuids)))
-        by_uuid = {u: i for i, u in enumerate(uuids)}
-        indices: list[int] = []
-        for wanted in self.gpus:
-            key = wanted.strip()
-            if key.isdigit() and int(key) < len(uuids):
-                index = int(key)
-            elif key in by_uuid:
-                index = by_uuid[key]
-            else:
-                available = ", ".join(f"{i} ({u})" for i, u in enumerate(uuids))
-                raise SourceUnavailable(f"no GPU {wanted!r} on this machine; available: {available}")
-            if index not in indices:
-                indices.append(index)
-        return indices
+        return self._opened(kinds, columns, nvml.nvmlSystemGetDriverVersion(), [])
 
     def _probe(
         self, nvml: ModuleType, gpu: _Gpu, channel: str, unsupported: tuple[type[Exception], ...]
@@ -272,10 +192,6 @@ class NvmlSource(CountedSource):
         if has_energy:
             return "counter"
         return "power" if has_power else None
-
-
-def _is_energy(column: str) -> bool:
-    return column.endswith(f".{Quantity.ENERGY_J}")
 
 
 def _field_watts(fv: Any, success: int) -> float | None:
