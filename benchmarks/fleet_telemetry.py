@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
+from scale import device_run
 
 from ipw_async import RunConfig, run_benchmark
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
@@ -84,20 +84,7 @@ async def grid_errors(how: str, shift_s: float, tmp: Path) -> dict[str, Any]:
         "duration": 45.0,  # three probes: at the start, 4 s on and 20 s on
         "dataset": "synthetic",
     }
-    with SimulatorProcess(sim_config) as sim:
-        agent = None
-        if how == "local":
-            options["telemetry"] = "sim"
-        else:
-            args = ["--telemetry", "sim", "--sim-url", sim.root_url, "--clock-shift-s", str(shift_s)]
-            agent = AgentProcess(args).start()
-            options |= {"telemetry": "none", "telemetry_url": [agent.root_url]}
-        try:
-            result = await run_benchmark(RunConfig(base_url=sim.base_url, **options))
-        finally:
-            if agent is not None:
-                agent.stop()
-        truth = httpx.get(f"{sim.root_url}/sim/truth", timeout=10).json()
+    result, truth = await device_run(how, shift_s, options, sim_config)
     t0 = json.loads((options["output_dir"] / "run.json").read_text())["clock"]["t0_monotonic_ns"]
     meter = result.summary["energy"]["headline_meters"][0]
     grids = result.summary["energy"]["meters"][meter]["counter_grids"]

@@ -32,7 +32,7 @@ import numpy as np
 import polars as pl
 from client_overhead import ZERO_DELAY, bare_loop, stream_config, stream_figures
 
-from ipw_async import RunConfig, run_benchmark
+from ipw_async import RunConfig, RunResult, run_benchmark
 from ipw_async._loop import run as run_loop
 from ipw_async.harness.ray_pool import local_cluster
 from ipw_async.harness.workers import auto_workers
@@ -66,17 +66,12 @@ def throughput(
     }
 
 
-async def energy_errors(how: str, shift_s: float, tmp: Path) -> dict[str, Any]:
-    """Per-query energy error against the truth with the device read ``how``: local, agent, dcgm."""
-    options: dict[str, Any] = {
-        "output_dir": tmp / f"energy_{how}",
-        "overwrite": True,
-        "concurrency": 16,
-        "max_queries": 160,
-        "dataset": "synthetic",
-        "output_tokens": 128,
-    }
-    with SimulatorProcess(SimConfig()) as sim:
+async def device_run(
+    how: str, shift_s: float, options: dict[str, Any], sim_config: SimConfig | None = None
+) -> tuple[RunResult, dict[str, Any]]:
+    """A run on the simulator with its device read ``how`` (local, agent: through an agent whose
+    clock reads ``shift_s`` ahead, or dcgm), and the simulator's truth after it."""
+    with SimulatorProcess(sim_config or SimConfig()) as sim:
         agent = None
         if how == "local":
             options |= {"telemetry": "sim"}
@@ -92,6 +87,20 @@ async def energy_errors(how: str, shift_s: float, tmp: Path) -> dict[str, Any]:
             if agent is not None:
                 agent.stop()
         truth = httpx.get(f"{sim.root_url}/sim/truth", timeout=10).json()
+    return result, truth
+
+
+async def energy_errors(how: str, shift_s: float, tmp: Path) -> dict[str, Any]:
+    """Per-query energy error against the truth with the device read ``how``: local, agent, dcgm."""
+    options: dict[str, Any] = {
+        "output_dir": tmp / f"energy_{how}",
+        "overwrite": True,
+        "concurrency": 16,
+        "max_queries": 160,
+        "dataset": "synthetic",
+        "output_tokens": 128,
+    }
+    result, truth = await device_run(how, shift_s, options)
     frame = result.records.filter(pl.col("status") == "ok")
     true = np.array([truth["requests"][str(i)] for i in frame.get_column("request_id").to_list()])
     err = np.abs(frame.get_column("energy_j").to_numpy() - true) / true
