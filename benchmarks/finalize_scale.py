@@ -3,7 +3,8 @@ grows linearly.
 
 ``finalize(run_dir)`` re-attributes a finished run from its directory's files alone: it reads
 ``run.json``, ``records.arrow`` and ``telemetry.arrow``, attributes the energy
-(``ipw_async.energy.attribute``), and writes records, ``traces.jsonl`` and ``summary.json``.
+(``ipw_async.energy.attribute``), and writes records (Arrow and Parquet), telemetry as
+Parquet, ``traces.jsonl``, ``summary.json`` and ``dataset/``.
 This measures its wall time against the run's size.
 
 A long run is made from one real short one, tiled in time. The seed is a real run against the
@@ -32,7 +33,9 @@ checked: it must finish and its summary must count N requests, all succeeded and
 
 Printed per N: the wall time of ``finalize(run_dir)`` (``time.perf_counter``; best of 2 below
 50,000 requests, one run above), the part of it spent in ``attribute(...)`` (timed inside the
-same call, by wrapping the function finalize calls), the rest (reading, traces, summary,
+same call, by wrapping the function finalize calls), the part spent on what it writes for other
+tools (``records.parquet``, ``telemetry.parquet`` and IPW's ``dataset/``, timed the same way;
+as a share of the rest of finalize, target ≤ 10%), the rest (reading, traces, summary,
 writing), seconds per 1,000 requests, and the time per request against the smallest N
 (1.00: linear). The target is 100,000 requests within 30 s on a 2-core machine. Each size's
 progress line (stderr) also gives the power model the fitted rule chose and how many
@@ -84,7 +87,17 @@ CONCURRENCY = 32
 TARGET_N = 100_000
 TARGET_S = 30.0
 PRISTINE = "pristine"  # beside each tiled directory: its files as built, before any finalize
-DATA = (files.RECORDS, files.TELEMETRY, files.TRACES, files.SUMMARY, files.RUN)
+DATA = (
+    files.RECORDS,
+    files.TELEMETRY,
+    files.TRACES,
+    files.SUMMARY,
+    files.RUN,
+    files.RECORDS_PARQUET,
+    files.TELEMETRY_PARQUET,
+)
+# what finalize writes for other tools (Parquet, IPW's dataset/): its target is ≤ 10% of finalize
+EXPORT_SHARE_TARGET = 0.10
 
 
 # -- the seed run ---------------------------------------------------------------------------------
@@ -307,28 +320,35 @@ def restore(run_dir: Path) -> None:
     """The tiled directory as built: what finalize wrote is put back."""
     for name in DATA:
         (run_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / "dataset", ignore_errors=True)
     for name in (files.RECORDS, files.TELEMETRY, files.RUN):
         shutil.copy2(run_dir / PRISTINE / name, run_dir / name)
 
 
 @contextlib.contextmanager
-def attribution_timer() -> Iterator[list[float]]:
-    """Wall time of each call finalize makes to ``attribute`` while the block runs."""
+def call_timer(owner: Any, *names: str) -> Iterator[list[float]]:
+    """Wall time of each call made to ``owner.<name>`` (as finalize looks them up) while the
+    block runs."""
     spent: list[float] = []
-    original: Callable[..., Any] = finalize_module.attribute
+    originals: dict[str, Callable[..., Any]] = {name: getattr(owner, name) for name in names}
 
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            spent.append(time.perf_counter() - start)
+    def timing(original: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent.append(time.perf_counter() - start)
 
-    finalize_module.attribute = timed  # type: ignore[assignment]
+        return timed
+
+    for name, original in originals.items():
+        setattr(owner, name, timing(original))
     try:
         yield spent
     finally:
-        finalize_module.attribute = original  # type: ignore[assignment]
+        for name, original in originals.items():
+            setattr(owner, name, original)
 
 
 @dataclass
@@ -336,6 +356,7 @@ class Timing:
     n: int
     finalize_s: float
     attribute_s: float
+    exports_s: float  # records.parquet, telemetry.parquet and dataset/ (built and written)
 
 
 def time_finalize(run_dir: Path, n: int, repeats: int) -> tuple[Timing, dict[str, Any]]:
@@ -345,13 +366,17 @@ def time_finalize(run_dir: Path, n: int, repeats: int) -> tuple[Timing, dict[str
     summary: dict[str, Any] = {}
     for _ in range(repeats):
         restore(run_dir)
-        with attribution_timer() as spent:
+        with (
+            call_timer(finalize_module, "attribute") as attributing,
+            call_timer(finalize_module, "ipw_table", "write_ipw_dataset") as dataset,
+            call_timer(files, "write_parquet") as parquet,
+        ):
             start = time.perf_counter()
             result = finalize(run_dir)
             elapsed = time.perf_counter() - start
         summary = check(result.summary, run_dir, n)
         if best is None or elapsed < best.finalize_s:
-            best = Timing(n, elapsed, sum(spent))
+            best = Timing(n, elapsed, sum(attributing), sum(dataset) + sum(parquet))
     assert best is not None
     return best, summary
 
@@ -397,12 +422,15 @@ def peak_rss_gb() -> float:
 def table(timings: list[Timing]) -> str:
     base = timings[0]
     lines = [
-        f"{'N':>8}  {'finalize s':>10}  {'attribute s':>11}  {'other s':>8}  {'s/1k req':>8}  {'×/req vs ' + str(base.n):>13}",
+        f"{'N':>8}  {'finalize s':>10}  {'attribute s':>11}  {'exports s':>9}  {'exports %':>9}  "
+        f"{'other s':>8}  {'s/1k req':>8}  {'×/req vs ' + str(base.n):>13}",
     ]
     for t in timings:
         ratio = (t.finalize_s / t.n) / (base.finalize_s / base.n)
         lines.append(
-            f"{t.n:>8}  {t.finalize_s:>10.2f}  {t.attribute_s:>11.2f}  {t.finalize_s - t.attribute_s:>8.2f}  "
+            f"{t.n:>8}  {t.finalize_s:>10.2f}  {t.attribute_s:>11.2f}  {t.exports_s:>9.2f}  "
+            f"{100 * t.exports_s / (t.finalize_s - t.exports_s):>8.1f}%  "
+            f"{t.finalize_s - t.attribute_s - t.exports_s:>8.2f}  "
             f"{1000 * t.finalize_s / t.n:>8.3f}  {ratio:>13.2f}"
         )
     return "\n".join(lines)
@@ -463,6 +491,13 @@ def main(argv: list[str] | None = None) -> int:
             verdict = "met" if largest.finalize_s <= TARGET_S else "NOT met"
             print(
                 f"\ntarget {TARGET_N:,} requests within {TARGET_S:.0f} s: {verdict} ({largest.finalize_s:.1f} s)"
+            )
+        for t in timings:
+            share = t.exports_s / (t.finalize_s - t.exports_s)
+            verdict = "met" if share <= EXPORT_SHARE_TARGET else "NOT met"
+            print(
+                f"n={t.n:,}: Parquet and dataset/ add {100 * share:.1f}% to finalize "
+                f"(target ≤ {100 * EXPORT_SHARE_TARGET:.0f}%: {verdict})"
             )
         if args.profile:
             print(f"\ncProfile, finalize on {args.profile:,} requests (ipw_async, by cumulative time):")

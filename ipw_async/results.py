@@ -15,9 +15,10 @@ import polars as pl
 
 from ._clock import NS
 from .energy import AttributionConfig, attribute, energy_over
+from .export.ipw import ipw_table, write_ipw_dataset
 from .records import end_ns
 from .rundir import files
-from .rundir.manifest import Manifest
+from .rundir.manifest import FORMAT, Manifest
 from .rundir.read import read_records, read_tasks, read_telemetry
 from .stats import client_stats, distribution, latency_stats, measured, task_stats, window_s
 from .telemetry.base import Meter
@@ -52,8 +53,9 @@ def finalize(
     power_model: str | None = None,
     baseline_w: float | None = None,
 ) -> RunResult:
-    """Attribute energy and write ``records.arrow`` (with energy), ``traces.jsonl`` and
-    ``summary.json`` from the run directory's own files.
+    """Attribute energy and write ``records.arrow`` (with energy, and as Parquet),
+    ``telemetry.parquet``, ``traces.jsonl``, ``summary.json`` and ``dataset/`` (IPW's layout)
+    from the run directory's own files.
 
     The attribution settings default to the run's own; others re-attribute it (the energy
     figures change, nothing else). Raises :class:`RunDirError` when the directory lacks what
@@ -81,6 +83,9 @@ def finalize(
         records, section = attribute(telemetry, manifest.meters, records, settings)
         energy_section |= section
     files.write_frame(records, run_dir / files.RECORDS)
+    files.write_parquet(records, run_dir / files.RECORDS_PARQUET)
+    if telemetry is not None:
+        files.write_parquet(telemetry, run_dir / files.TELEMETRY_PARQUET)
     headline = [m for m in manifest.meters if m.channel in energy_section.get("headline_meters", ())]
     tasks = read_tasks(run_dir)
     traces = _traces(
@@ -94,6 +99,7 @@ def finalize(
     if tasks:
         summary["tasks"] = task_stats(traces, window_s(measured(records)))
     files.write_json(run_dir / files.SUMMARY, summary)
+    write_ipw_dataset(run_dir, ipw_table(records, summary, telemetry, manifest.meters))
     return RunResult(run_dir=run_dir, summary=summary, records=records)
 
 
@@ -147,6 +153,7 @@ def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) 
     run = manifest.as_dict()
     end = manifest.end or NO_END
     return {
+        "format": FORMAT,
         "complete": end["complete"],
         "simulated": manifest.simulated,
         "interrupted": end["interrupted"],

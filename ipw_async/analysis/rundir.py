@@ -10,7 +10,7 @@ from typing import Any
 import polars as pl
 
 from ..rundir import files
-from ..rundir.manifest import Manifest, RunDirError
+from ..rundir.manifest import Manifest, RunDirError, check_format
 from ..stats import measured
 from ..telemetry.base import Meter, Quantity
 from ..telemetry.cadence import CounterGrid
@@ -113,11 +113,15 @@ def load_run(path: str | Path) -> RunDir:
     summary_path = path / files.SUMMARY
     telemetry_path = path / files.TELEMETRY
     finished = summary_path.is_file()
+    summary = files.read_json(summary_path) if finished else None
+    check_format(summary, summary_path)
+    if (path / files.RUN).is_file():
+        check_format(files.read_json(path / files.RUN), path / files.RUN)
     # a run cut short may have died mid-write: its whole batches are what it measured
     return RunDir(
         path=path,
         records=files.read_arrow(records_path, partial_ok=not finished),
-        summary=files.read_json(summary_path) if finished else None,
+        summary=summary,
         telemetry=files.read_arrow(telemetry_path, partial_ok=not finished)
         if telemetry_path.is_file()
         else None,

@@ -29,6 +29,9 @@ TELEMETRY = "telemetry.arrow"
 TRACES = "traces.jsonl"
 TASKS = "tasks.jsonl"  # agentic and multi-turn runs: each task as the harness saw it end
 SUMMARY = "summary.json"
+# written by finalize beside the streams: the interchange format every data tool reads
+RECORDS_PARQUET = "records.parquet"
+TELEMETRY_PARQUET = "telemetry.parquet"
 
 _FILE_MAGIC = b"ARROW1"  # an Arrow IPC *file* (footer and all): what earlier versions wrote
 
@@ -120,6 +123,13 @@ def write_frame(frame: pl.DataFrame, path: Path) -> None:
     writer = StreamWriter(tmp, table.schema)
     writer.write(table)
     writer.close()
+    os.replace(tmp, path)
+
+
+def write_parquet(frame: pl.DataFrame, path: Path) -> None:
+    """Write a whole frame as Parquet, atomically (zstd, with column statistics)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    frame.write_parquet(tmp, compression="zstd", statistics=True)
     os.replace(tmp, path)
 
 

@@ -26,11 +26,23 @@ from ..errors import RunError
 from ..telemetry.base import Meter
 from . import files
 
+# The run directory's format, carried by run.json and summary.json: raised when what a file
+# holds changes so that an older reader would misread it
 FORMAT = 1
 
 
 class RunDirError(ValueError):
     """A directory that is not (or not enough of) a run; the message says which file is missing."""
+
+
+def check_format(data: Any, path: Path) -> None:
+    """Refuse, in one line, a file written by a newer ipw-async than this one."""
+    written = data.get("format", FORMAT) if isinstance(data, dict) else FORMAT
+    if isinstance(written, int) and written > FORMAT:
+        raise RunDirError(
+            f"{path} was written in run format {written} by a newer ipw-async; this one reads "
+            f"format {FORMAT} and older: upgrade ipw-async to read it"
+        )
 
 
 def slug(text: str) -> str:
@@ -193,12 +205,7 @@ class Manifest:
             data = files.read_json(path)
         except ValueError as exc:
             raise RunDirError(f"{path} is not a run description ipw-async can read ({exc})") from None
-        written = data.get("format", FORMAT) if isinstance(data, dict) else FORMAT
-        if isinstance(written, int) and written > FORMAT:
-            raise RunDirError(
-                f"{run_dir} was written in run format {written} by a newer ipw-async; this one reads "
-                f"format {FORMAT} and older: upgrade ipw-async to read it"
-            )
+        check_format(data, path)
         try:
             return cls.from_dict(data)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
