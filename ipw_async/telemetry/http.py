@@ -59,12 +59,14 @@ class Endpoint:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``: for run.json and messages."""
+    """``url`` with any password replaced by ``***``: for run.json and messages. A user name
+    alone goes too: services that take a token put it there (``https://TOKEN@host``)."""
     parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.password is None:
+    if parts.username is None:
         return url
     netloc = parts.netloc.rsplit("@", 1)[1]
-    return parts._replace(netloc=f"{parts.username}:***@{netloc}").geturl()
+    user = "***" if parts.password is None else f"{parts.username}:***"
+    return parts._replace(netloc=f"{user}@{netloc}").geturl()
 
 
 def endpoint(
