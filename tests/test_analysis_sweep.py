@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import mlflow
 import numpy as np
 import pytest
 from matplotlib.collections import PathCollection, PolyCollection
@@ -199,13 +200,23 @@ def test_energy_breakdown_of_a_real_run_adds_up(sweep: SweepResult) -> None:
     assert sim["phases"]["prefill"]["energy_j"] > 0 and sim["phases"]["decode"]["energy_j"] > 0
 
 
-def test_cli_sweep_passes_run_options_through(tmp_path: Path) -> None:
+def test_cli_sweep_passes_run_options_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "cli_sweep"
-    args = ["sweep", "-c", "2", "--repeats", "1", "-n", "4", "--baseline-s", "0", "--seed", "7"]
+    store = tmp_path.as_uri() + "/mlruns"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for its file store by name
+    args = ["sweep", "-c", "2", "--repeats", "1", "-n", "4", "--baseline-s", "0", "--seed", "7", "--mlflow"]
     result = CliRunner().invoke(
         app, [*args, "--output-dir", str(out), "--dataset", "synthetic", "--output-tokens", "16", "-q"]
     )
     assert result.exit_code == 0, result.output
+    # --mlflow: the sweep is a parent run with its one level as a child
+    assert "with 1 child runs in experiment 'ipw-async'" in result.output
+    parents = mlflow.MlflowClient(store).search_runs(
+        [mlflow.MlflowClient(store).get_experiment_by_name("ipw-async").experiment_id],
+        filter_string="tags.ipw_async.sweep = 'true'",
+    )
+    assert len(parents) == 1
     rows = read_csv(out / "sweep" / "raw_runs.csv")
     assert [(r["level"], r["seed"], r["requests_measured"], r["accuracy"]) for r in rows] == [
         ("c2", "7", "4", "")

@@ -527,6 +527,7 @@ class RunConfig:
         out["api_key_set"] = self.api_key is not None
         out["telemetry_url"] = [redact_url(u) for u in self.telemetry_url]
         out["prometheus_url"] = [redact_url(u) for u in self.prometheus_url]
+        out["base_url"] = None if self.base_url is None else redact_url(self.base_url)
         if self.base_url is None:
             out["sim"] = dataclasses.asdict(self.sim_config())
         else:

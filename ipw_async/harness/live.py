@@ -33,6 +33,7 @@ from ..rundir.writer import RunWriter
 from ..state import MeterState, Phase, RunState
 from ..stats import distribution
 from ..telemetry import Meter, Sampler, TelemetrySetup
+from ..telemetry.http import redact_url
 from ..workload import Workload
 from ..workload.body import BodyDefaults
 from .config import RunConfig
@@ -415,7 +416,7 @@ class _LiveRun:
             anchor=anchor,
             simulated=config.simulated,
             model=model,
-            base_url=None if config.simulated else base_url,
+            base_url=None if config.simulated else redact_url(base_url),
             workload={
                 "kind": type(self.workload).__name__,
                 "dataset": self.workload.name,
