@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 DASH = "—"  # a figure that was not measured: never 0
@@ -183,7 +184,7 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
     thr = summary.get("throughput", {})
     lat = summary.get("latency_s", {})
     acc = summary.get("accuracy", {})
-    table.add_row("model", str(summary.get("model")))
+    table.add_row("model", escape(str(summary.get("model"))))  # the server's name: not markup
     unit = "calls" if summary.get("tasks") else "requests"  # a task's LLM calls are its requests
     table.add_row(f"{unit} ok / measured", f"{req.get('ok', 0)} / {req.get('measured', 0)}")
     errors = req.get("errors_by_type") or {}
@@ -249,5 +250,5 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
                 f"({clock['pings']:,} round trips)",
             )
     if run_dir:
-        table.add_row("run directory", run_dir)
+        table.add_row("run directory", escape(run_dir))
     return table

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from . import agent, analysis, run, search
+from . import agent, analysis, export, run, search
 from ._common import Debug, err
 
 app = typer.Typer(
@@ -32,6 +32,7 @@ run.register(app)
 analysis.register(app)
 agent.register(app)
 search.register(app)
+export.register(app)
 
 
 def main() -> None:

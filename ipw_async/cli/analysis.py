@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..report import describe_model, describe_selection
 from ._common import err, fail, fmt, out
+from .export import Exports, report_page
 from .options import parse_run_args, run_config
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ def analyze(
         raise fail(str(exc)) from None
     _print_analysis(results)
     out.print(f"written: {', '.join(f'analysis/{n}.json' for n in results)} in {run_dir}")
+    report_page(run_dir)
 
 
 def _print_analysis(results: dict[str, dict[str, Any]]) -> None:
@@ -180,6 +182,17 @@ def sweep(
     min_throughput: Annotated[
         float | None, typer.Option(help="Reject levels producing fewer output tokens per second than this.")
     ] = None,
+    mlflow: Annotated[
+        bool,
+        typer.Option(
+            "--mlflow",
+            help="Log the sweep to MLflow when it ends: a parent run with a child per level and repeat "
+            "(the tracking URI from MLFLOW_TRACKING_URI).",
+        ),
+    ] = False,
+    mlflow_experiment: Annotated[
+        str, typer.Option(help="MLflow experiment to log to (made if missing).")
+    ] = "ipw-async",
 ) -> None:
     """Run the benchmark at several concurrency levels (or rates), repeated, with statistics and plots.
 
@@ -223,6 +236,8 @@ def sweep(
             out.print(line, markup=False)
         for name, reason in result.plots.skipped.items():
             out.print(f"[yellow]plot skipped[/] {name}: {reason}")
+    if mlflow:
+        Exports(mlflow=True, mlflow_experiment=mlflow_experiment)(result.sweep_dir)
     if result.interrupted:
         err.print(f"[yellow]interrupted:[/] results of the runs that finished are in {result.sweep_dir}")
         raise typer.Exit(130)

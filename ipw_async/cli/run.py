@@ -20,6 +20,7 @@ from ..results import finalize
 from ..rundir.manifest import RunDirError
 from ..sim import EngineConfig, Faults, SimConfig, serve
 from ._common import Debug, err, fail, out
+from .export import EXPORT_PARAMETERS, Exports
 from .options import RUN_PARAMETERS, parameters, run_config, values_for, with_parameters
 
 
@@ -56,9 +57,9 @@ class _StopSignals:
             signal.signal(s, handler)
 
 
-def execute(config: RunConfig, display: Display) -> int:
-    """Run with one-line errors; the exit code says how it ended (0 ok, 1 partial, 2 unusable,
-    130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
+def execute(config: RunConfig, display: Display, exports: Exports | None = None) -> int:
+    """Run with one-line errors, then make the ``exports`` asked for; the exit code says how it
+    ended (0 ok, 1 partial, 2 unusable, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
     with _StopSignals() as stop:
         try:
             result = run_loop(run_benchmark(config, display))
@@ -75,6 +76,8 @@ def execute(config: RunConfig, display: Display) -> int:
                 f"[yellow]{cause}:[/] the records measured so far are on disk (summary says complete: false)"
             )
             return 128 + (stop.received or signal.SIGINT)
+    if exports is not None:
+        exports(result.run_dir)
     return 0 if result.complete else 1
 
 
@@ -85,7 +88,8 @@ def run(ctx: typer.Context, **options: Any) -> None:
     process, with a simulated device) and labels everything as simulated.
     """
     config = run_config(options)
-    raise typer.Exit(execute(config, display_for(not options["no_dashboard"], options["quiet"])))
+    display = display_for(not options["no_dashboard"], options["quiet"])
+    raise typer.Exit(execute(config, display, Exports.from_options(options)))
 
 
 def finalize_command(
@@ -117,7 +121,8 @@ def finalize_command(
 ) -> None:
     """Re-attribute a run's energy from its own files, with other settings, without re-running it.
 
-    Rewrites records.arrow (energy columns), traces.jsonl and summary.json; every other figure
+    Rewrites records.arrow (energy columns) and records.parquet, traces.jsonl, summary.json and
+    dataset/ (IPW's layout); every other figure
     stays as measured. With no options it reproduces the run's own energy figures exactly.
     """
     from ..report import summary_table
@@ -206,7 +211,7 @@ SIM_ADDRESS = [
 
 
 def register(app: typer.Typer) -> None:
-    app.command("run")(with_parameters(run, RUN_PARAMETERS))
+    app.command("run")(with_parameters(run, RUN_PARAMETERS + EXPORT_PARAMETERS))
     app.command("finalize")(finalize_command)
     app.command("recover")(recover)
     sim_parameters = SIM_ADDRESS + parameters(SimConfig) + parameters(EngineConfig) + parameters(Faults)
