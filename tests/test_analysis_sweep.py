@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import numpy as np
@@ -60,8 +61,9 @@ def drawn() -> Iterator[dict[str, dict[str, int]]]:
     figures: dict[str, dict[str, int]] = {}
     save = Figure.savefig
 
-    def spy(fig: Figure, path: Path, *args: object, **kwargs: object) -> None:
-        figures[Path(path).name] = plotted_points(fig)
+    def spy(fig: Figure, path: Any, *args: object, **kwargs: object) -> None:
+        if isinstance(path, str | Path):  # report.html draws into memory too
+            figures[Path(path).name] = plotted_points(fig)
         save(fig, path, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:

@@ -399,7 +399,7 @@ def _send(spans: list[ReadableSpan], url: str, headers: dict[str, str], timeout_
 def _refusal(shown: str, answered: list[int], timeout_s: float) -> str:
     if not answered:
         return (
-            f"nothing at {shown} took the spans within {timeout_s:g} s: start an OTLP/HTTP collector "
+            f"no collector answered at {shown} (refused, or silent for {timeout_s:g} s): start an OTLP/HTTP collector "
             "there (usually port 4318) or give its URL"
         )
     status = answered[-1]
