@@ -5,9 +5,13 @@ still a dependency, and a circle through one is still a circle."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 PACKAGE = Path(__file__).parent.parent / "ipw_async"
+
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -126,12 +130,16 @@ def test_a_planted_violation_is_caught() -> None:
     graph["ipw_async.telemetry.base"] = graph["ipw_async.telemetry.base"] | {"ipw_async.analysis.rundir"}
     graph["ipw_async.harness.ledger"] = graph["ipw_async.harness.ledger"] | {"ipw_async.harness.workers"}
     found = violations(graph)
-    assert "ipw_async.harness.ledger imports ipw_async.harness.workers: " + (
-        "the run's ledger and the dispatch protocol know no pool"
-    ) in found
-    assert "ipw_async.sim.engine imports ipw_async.harness.live: " + (
-        "the harness runs benchmarks; this room only reads or measures"
-    ) in found
+    assert (
+        "ipw_async.harness.ledger imports ipw_async.harness.workers: "
+        + ("the run's ledger and the dispatch protocol know no pool")
+        in found
+    )
+    assert (
+        "ipw_async.sim.engine imports ipw_async.harness.live: "
+        + ("the harness runs benchmarks; this room only reads or measures")
+        in found
+    )
     # analysis.rundir reads telemetry.base: the planted edge back closes a circle
     assert any(v.startswith("circle: ") and "ipw_async.telemetry.base" in v for v in found)
 
@@ -140,3 +148,17 @@ def test_the_graph_sees_relative_and_lazy_imports() -> None:
     graph = import_graph()
     assert "ipw_async.rundir.files" in graph["ipw_async.results"]  # from .rundir import files
     assert "ipw_async.harness.sweep" in graph["ipw_async.cli.analysis"]  # imported inside a function
+
+
+def test_the_core_install_pulls_no_integration_sdk() -> None:
+    """The extras stay extras: the core dependencies name none of their SDKs, and importing the
+    CLI and every exporter loads none of them (each is imported where an export needs it)."""
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    integrations = ("opentelemetry", "mlflow", "datasets", "playwright", "ray")
+    assert not [d for d in project["dependencies"] if d.startswith(integrations)]
+    code = (
+        "import sys, ipw_async.cli, ipw_async.export.otel, ipw_async.export.mlflow, ipw_async.analysis.html_report; "
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(integrations)!r}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"

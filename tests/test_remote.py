@@ -329,7 +329,8 @@ async def test_a_hung_agent_costs_only_its_own_meter(tmp_path: Path) -> None:
     sampler = result.summary["telemetry"]["sampler"]
     assert sampler["gaps"]["cpu-model"]["largest_ms"] < 500  # this machine's meter kept its ticks
     assert sampler["gaps"][remote]["largest_ms"] > 1500  # the agent's went quiet while it hung
-    assert sampler["skipped_ticks"] < 5
+    # the hang alone would skip about 100 ticks (5 s of 50 ms); a starved 2-core CI skips a few
+    assert sampler["skipped_ticks"] < 10
     provenance = set(result.records.get_column(f"{remote}.provenance").to_list())
     assert "imputed" in provenance
     assert result.summary["telemetry"]["clocks"][remote]["reconnects"] >= 1

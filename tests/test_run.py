@@ -177,7 +177,9 @@ async def test_api_key_never_reaches_a_file(tmp_path: Path, sim: SimulatorProces
     secret = "sk-test-DO-NOT-LEAK-4242"
     config = quick_config(tmp_path, base_url=sim.base_url, api_key=secret, max_queries=8, telemetry="none")
     await run_benchmark(config)
-    for path in (tmp_path / "run").iterdir():
+    written = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert any(p.parent.name == "dataset" for p in written)  # the exports are looked in too
+    for path in written:
         assert secret.encode() not in path.read_bytes(), path.name
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["config"]["api_key_set"] is True
