@@ -108,10 +108,33 @@ def test_the_interval_narrows_as_the_probes_agree() -> None:
     assert tight[1] - tight[0] < loose[1] - loose[0]
 
 
+def test_repeats_pool_their_requests_and_widen_the_interval_by_their_spread() -> None:
+    slo = Slo.parse("ttft_p50=100ms")
+    rng = np.random.default_rng(3)
+
+    def run(mean_s: float, n: int = 200) -> pl.DataFrame:
+        return _records(list(rng.normal(mean_s, 0.001, n)))
+
+    same = run(0.08)
+    assert margins([slo], [same, same], seed=0)[0] == pytest.approx(margins([slo], same, seed=0)[0])
+    # three runs of one load that disagree (another seed, another warm-up): resampling their
+    # pooled requests sees only the requests' spread, resampling the runs first sees the runs'
+    runs = [run(0.07), run(0.08), run(0.09)]
+    _, requests_only = margins([slo], pl.concat(runs), seed=0)
+    point, boot = margins([slo], runs, seed=0)
+    assert point[0] == pytest.approx(0.2, abs=0.02)
+    assert np.ptp(boot[:, 0]) > 5 * np.ptp(requests_only[:, 0])
+    assert boot[:, 0].max() == pytest.approx(0.3, abs=0.02) and boot[:, 0].min() == pytest.approx(
+        0.1, abs=0.02
+    )
+
+
 def test_a_search_finds_the_boundary_on_the_simulator_and_prices_it(tmp_path: Path) -> None:
     out = tmp_path / "search"
     args = ["search", "--slo", "ttft_p90=80ms", "--slo", "error_rate=5%", "--start", "2", "--max-probes", "4"]
-    run_args = ["-n", "16", "--dataset", "synthetic", "--output-tokens", "16", "--baseline-s", "0.2"]
+    # two runs of 8 per probe, pooled: as many requests per probe as one run of 16
+    args += ["--repeats", "2"]
+    run_args = ["-n", "8", "--dataset", "synthetic", "--output-tokens", "16", "--baseline-s", "0.2"]
     # the default simulated device's TTFT p90 is ~35 ms at 1 stream and ~110 ms at 8: a bracket
     # by the third probe on most machines (a slow one may break the SLO sooner)
     result = CliRunner().invoke(app, [*args, "-o", str(out), *run_args, "--quiet"])
@@ -119,7 +142,11 @@ def test_a_search_finds_the_boundary_on_the_simulator_and_prices_it(tmp_path: Pa
     summary = json.loads((out / "search" / "search.json").read_text())
     probes = summary["probes"]
     assert 2 <= len(probes) <= 4 and probes[0]["load"] == 2.0
-    assert all(Path(p["run_dir"], "records.arrow").is_file() for p in probes)
+    assert summary["repeats"] == 2
+    for p in probes:
+        assert [Path(d).name for d in p["run_dirs"]] == [f"c{p['load']:g}_r0", f"c{p['load']:g}_r1"]
+        seeds = [json.loads(Path(d, "run.json").read_text())["config"]["seed"] for d in p["run_dirs"]]
+        assert seeds[1] == seeds[0] + 1
     assert (out / "search" / "search.png").is_file() and summary["simulated"]
     b = summary["boundary"]
     if b["estimate"] is not None:

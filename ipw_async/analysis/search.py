@@ -12,6 +12,7 @@ fitted again.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,15 +91,29 @@ class Slo:
         return (self.limit - float(np.percentile(served, self.percentile))) / self.limit
 
 
-def margins(slos: list[Slo], records: pl.DataFrame, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """A probe's margin on each SLO, and ``BOOTSTRAP`` replicates of them (its requests resampled)."""
-    samples = [slo.samples(records) for slo in slos]
-    point = np.array([slo.margin(s) for slo, s in zip(slos, samples, strict=True)])
-    n = samples[0].size if samples else 0
+def margins(
+    slos: list[Slo], records: pl.DataFrame | Sequence[pl.DataFrame], seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A probe's margin on each SLO over its requests (its repeats' pooled), and ``BOOTSTRAP``
+    replicates of them.
+
+    One run: its requests resampled. Several repeats of the probe: a hierarchical bootstrap, the
+    repeats resampled first and then each drawn repeat's requests, so the interval holds the
+    difference between runs of one load (another seed, another warm-up) as well as between
+    requests; requests alone would call the runs' spread certainty.
+    """
+    runs = [records] if isinstance(records, pl.DataFrame) else list(records)
+    samples = [[slo.samples(r) for slo in slos] for r in runs]  # run × SLO
+    pooled = [np.concatenate([run[j] for run in samples]) for j in range(len(slos))]
+    point = np.array([slo.margin(s) for slo, s in zip(slos, pooled, strict=True)])
     rng = np.random.default_rng(seed)
-    draws = rng.integers(0, max(n, 1), size=(BOOTSTRAP, n))
-    boot = np.array([[slo.margin(s[d]) for slo, s in zip(slos, samples, strict=True)] for d in draws])
-    return point, boot.reshape(BOOTSTRAP, len(slos))
+    boot = np.empty((BOOTSTRAP, len(slos)))
+    for b in range(BOOTSTRAP):
+        picked = [samples[i] for i in rng.integers(0, len(runs), len(runs))] if len(runs) > 1 else samples
+        draws = [rng.integers(0, max(run[0].size, 1), size=run[0].size) for run in picked]
+        for j, slo in enumerate(slos):
+            boot[b, j] = slo.margin(np.concatenate([run[j][d] for run, d in zip(picked, draws, strict=True)]))
+    return point, boot
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,15 @@ def search(
         ),
     ] = 0.1,
     max_probes: Annotated[
-        int, typer.Option(help="Stop after this many runs, wherever the search stands.")
+        int, typer.Option(help="Stop after this many probes (loads), wherever the search stands.")
     ] = 10,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            help="Runs per probe (repeat r uses seed + r), their requests pooled; the boundary's "
+            "interval then resamples the runs, then their requests, so it holds run-to-run spread."
+        ),
+    ] = 1,
     output_dir: Annotated[
         Path | None,
         typer.Option(
@@ -82,6 +89,7 @@ def search(
             max_load=max_load,
             precision=precision,
             max_probes=max_probes,
+            repeats=repeats,
             out_dir=output_dir or default_search_dir(base),
             progress=None if quiet else _progress_line,
         )
@@ -99,7 +107,7 @@ def _progress_line(probe: Probe, count: int) -> None:
         verdict = f"{probe.status}: {probe.error}"
     margins = ", ".join(f"{k} {v:+.0%}" for k, v in probe.margins.items() if abs(v) != float("inf"))
     err.print(
-        f"probe {count}: load {probe.load:g} {verdict} ({margins}) → {probe.run_dir}",
+        f"probe {count}: load {probe.load:g} {verdict} ({margins}) → {', '.join(map(str, probe.run_dirs))}",
         markup=False,
         soft_wrap=True,
     )

@@ -4,8 +4,10 @@ Probes are runs: load doubles from ``start`` until a probe breaks an SLO (or hal
 meets them all), then each next probe goes where the monotone fit of the probes' margins puts
 the boundary (:mod:`..analysis.search`), until the bracket between the most load that met every
 SLO and the least that did not, and the boundary's bootstrap interval, are both within
-``precision`` of it, or the probes run out. Each probe is a run directory ``<out_dir>/<level>_r0``
-(so ``analyze`` and ``plot`` work on it); the search's own files go to ``<out_dir>/search/``.
+``precision`` of it, or the probes run out. Each probe is ``repeats`` run directories
+``<out_dir>/<level>_r<k>`` (so ``analyze`` and ``plot`` work on each; repeat k runs with seed +
+k), whose requests are pooled for its margins; the search's own files go to
+``<out_dir>/search/``.
 """
 
 from __future__ import annotations
@@ -45,13 +47,13 @@ class Probe:
     """One load level run, and how it stood against the SLOs."""
 
     load: float
-    run_dir: Path
+    run_dirs: list[Path]  # one per repeat
     status: str = "failed"  # ok, failed (the run raised) or interrupted
     error: str | None = None
     margins: dict[str, float] = field(default_factory=dict)
     replicates: np.ndarray | None = None  # bootstrap × SLO
-    figures: dict[str, Any] = field(default_factory=dict)
-    oversaturated: bool = False  # the run's summary said so: it fails, whatever its SLOs
+    figures: dict[str, Any] = field(default_factory=dict)  # means over the repeats
+    oversaturated: bool = False  # a repeat's summary said so: it fails, whatever its SLOs
 
     @property
     def tightest(self) -> float:
@@ -65,7 +67,7 @@ class Probe:
     def as_dict(self) -> dict[str, Any]:
         return {
             "load": self.load,
-            "run_dir": str(self.run_dir),
+            "run_dirs": [str(d) for d in self.run_dirs],
             "status": self.status,
             "error": self.error,
             "passed": self.passed,
@@ -143,6 +145,7 @@ def run_search(
     max_load: float = 1024.0,
     precision: float = 0.1,
     max_probes: int = 10,
+    repeats: int = 1,
     out_dir: Path,
     display: Display | None = None,
     progress: Callable[[Probe, int], None] | None = None,
@@ -158,18 +161,20 @@ def run_search(
         raise ValueError("--precision is a share of the boundary, between 0 and 1 (e.g. 0.1)")
     if max_probes < 2:
         raise ValueError("--max-probes must be at least 2")
+    if repeats < 1:
+        raise ValueError("--repeats must be at least 1")
     out_dir.mkdir(parents=True, exist_ok=True)
     probes: list[Probe] = []
     interrupted = False
 
     def probe(load: float) -> Probe:
         nonlocal interrupted
-        config = level_config(base, _level(mode, load), 0, out_dir)
-        assert config.output_dir is not None
-        p = Probe(load, config.output_dir)
+        configs = [level_config(base, _level(mode, load), r, out_dir) for r in range(repeats)]
+        p = Probe(load, [c.output_dir for c in configs if c.output_dir is not None])
         probes.append(p)
         try:
-            run_loop(run_benchmark(config, display))
+            for config in configs:
+                run_loop(run_benchmark(config, display))
             p.status = "ok"
         except RunError as exc:
             if not probes[:-1]:  # the first probe: the server or the options are wrong, not the load
@@ -180,12 +185,12 @@ def run_search(
         except KeyboardInterrupt:
             p.status, p.error, interrupted = "interrupted", "stopped by Ctrl-C", True
         if p.status == "ok":
-            run = load_run(p.run_dir)
-            point, boot = margins(slos, run.records, seed=base.seed + len(probes))
+            runs = [load_run(d) for d in p.run_dirs]
+            point, boot = margins(slos, [r.records for r in runs], seed=base.seed + len(probes))
             p.margins = {slo.name: float(m) for slo, m in zip(slos, point, strict=True)}
-            p.oversaturated = bool((run.summary.get("saturation") or {}).get("oversaturated"))
+            p.oversaturated = any((r.summary.get("saturation") or {}).get("oversaturated") for r in runs)
             p.replicates = np.minimum(boot, OVERSATURATED_MARGIN) if p.oversaturated else boot
-            p.figures = headline_figures(run) | _band(run.ok)
+            p.figures = _mean_figures([headline_figures(r) | _band(r.ok) for r in runs])
         if progress is not None:
             progress(p, len(probes))
         return p
@@ -257,6 +262,16 @@ def _bracket(
             return None
 
 
+def _mean_figures(per_run: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's mean over a probe's repeats; null where a repeat could not measure it."""
+    out: dict[str, Any] = {}
+    for key in per_run[0]:
+        values = [f.get(key) for f in per_run]
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        out[key] = float(np.mean(values)) if numeric else (values[0] if len(values) == 1 else None)
+    return out
+
+
 def _band(ok: pl.DataFrame) -> dict[str, Any]:
     """The mean of each query's energy band: J/query's least and most."""
     if "energy_low_j" not in ok.columns or ok.is_empty():
@@ -300,8 +315,9 @@ def _summary(
         # measured at the most load that met every SLO, not interpolated
         "at_feasible_max": None
         if at is None
-        else {k: at.figures.get(k) for k in energy_keys} | {"run_dir": str(at.run_dir)},
+        else {k: at.figures.get(k) for k in energy_keys} | {"run_dirs": [str(d) for d in at.run_dirs]},
         "stop": stop,
+        "repeats": len(probes[0].run_dirs) if probes else None,
         "probes": [p.as_dict() for p in probes],
         "simulated": base.base_url is None,
         "config": base.public(),
