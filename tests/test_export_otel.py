@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 
 from ipw_async import run_benchmark
 from ipw_async.cli import app
+from ipw_async.cli.export import Exports
 from ipw_async.export import ExportError
 from ipw_async.export.otel import OtelExport, export_otel
 from ipw_async.results import finalize
@@ -401,3 +402,17 @@ def test_export_otel_command(receiver: Receiver, short_run: Path) -> None:
         ],
     )
     assert dead.exit_code == 2 and dead.output.startswith("error:") and "Traceback" not in dead.output
+
+
+def test_an_exporter_that_breaks_after_a_run_is_a_warning(
+    short_run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("collector SDK bug")
+
+    monkeypatch.setattr("ipw_async.export.otel.export_otel", broken)
+    before = _digests(short_run)
+    Exports(otlp_endpoint="http://127.0.0.1:4318")(short_run)  # returns: the run's exit code stands
+    warning = capsys.readouterr().err.strip()
+    assert warning.startswith("OpenTelemetry export failed: collector SDK bug") and "\n" not in warning
+    assert _digests(short_run) == before

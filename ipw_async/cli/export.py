@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from ..harness.config import OUTPUT
 from ..rundir.manifest import RunDirError
-from ._common import err, fail, out
+from ._common import Debug, err, fail, out
 
 RunArg = Annotated[
     Path, typer.Argument(help="A run directory written by `ipw-async run`.", show_default=False)
@@ -87,6 +87,12 @@ class Exports:
                 out.print(step(), markup=False)
             except (ExportError, RunDirError) as exc:
                 err.print(f"[yellow]{name} export skipped:[/] {escape(str(exc))}")
+            except Exception as exc:  # the run's files are whole: an exporter's fault stays a warning
+                if Debug.on:
+                    raise
+                err.print(
+                    f"[yellow]{name} export failed:[/] {escape(str(exc))} (rerun with --debug for the traceback)"
+                )
 
 
 def _otel(run_dir: Path, endpoint: str, timeout_s: float = 10.0) -> str:
