@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import compileall
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import ipw_async
 from ipw_async.client import ClientConfig, StreamingClient
 from ipw_async.harness import RunConfig
 from ipw_async.records import RequestRecord
+from ipw_async.results import finalize
 from ipw_async.sim import EngineConfig, Faults, SimConfig, SimulatorProcess
 from ipw_async.transport.scripted import Reply, ScriptedNetwork
 
@@ -37,6 +39,17 @@ def faulty_sim() -> Iterator[SimulatorProcess]:
     faults = Faults(http_error=0.15, error_event=0.15, disconnect=0.15, malformed=0.15)
     with SimulatorProcess(SimConfig(engine=fast_engine(), faults=faults, output_median=16)) as process:
         yield process
+
+
+SHORT_RUN = Path(__file__).parent / "data" / "short_run"  # a recorded simulator run, never finalized
+
+
+def finished_short_run(dest: Path) -> Path:
+    """A copy of the recorded short run at ``dest``, finished by this version's finalize: a
+    complete run directory in seconds, with no run."""
+    shutil.copytree(SHORT_RUN, dest)
+    finalize(dest)
+    return dest
 
 
 def quick_config(tmp_path: Path, **overrides: object) -> RunConfig:

@@ -14,12 +14,9 @@ from typer.testing import CliRunner
 
 from ipw_async.cli import app
 from ipw_async.harness import run_benchmark
-from ipw_async.results import finalize
 from ipw_async.rundir import files
 
-from .conftest import quick_config
-
-SHORT_RUN = Path(__file__).parent / "data" / "short_run"
+from .conftest import SHORT_RUN, finished_short_run, quick_config
 
 
 def measured_records(run_dir: Path) -> pl.DataFrame:
@@ -46,11 +43,7 @@ def assert_dataset_matches(run_dir: Path) -> datasets.Dataset:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The recorded short run, finished by this version's finalize."""
-    run_dir = tmp_path_factory.mktemp("ipw") / "run"
-    shutil.copytree(SHORT_RUN, run_dir)
-    finalize(run_dir)
-    return run_dir
+    return finished_short_run(tmp_path_factory.mktemp("ipw") / "run")
 
 
 def test_ipw_documented_access_path_reads_each_querys_energy(finished: Path) -> None:

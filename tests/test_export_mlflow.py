@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Run
 
-DATA = Path(__file__).parent / "data" / "short_run"
+from .conftest import SHORT_RUN, finished_short_run
+
 SECRETS = ("s3cret", "sk-live-123", "hunter2")
 
 
@@ -47,11 +48,7 @@ def store(tmp_path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The short test run, finalized in a copy: a complete run in seconds."""
-    run = tmp_path_factory.mktemp("finished") / "short_run"
-    shutil.copytree(DATA, run)
-    finalize(run)
-    return run
+    return finished_short_run(tmp_path_factory.mktemp("finished") / "short_run")
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +56,7 @@ def with_secrets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run whose URLs carry passwords and whose request params carry an API key, a long value
     and a key MLflow cannot take as it is (as a user's --param could)."""
     run = tmp_path_factory.mktemp("secrets") / "short_run"
-    shutil.copytree(DATA, run)
+    shutil.copytree(SHORT_RUN, run)
     manifest = json.loads((run / files.RUN).read_text())
     url = "http://alice:s3cret@127.0.0.1:39969/v1"
     manifest["base_url"] = manifest["config"]["base_url"] = url
@@ -200,7 +197,7 @@ def test_a_long_value_is_cut_and_an_odd_key_made_valid(with_secrets: Path, store
 
 def test_a_killed_run_is_finished_in_a_copy(finished: Path, store: str, tmp_path: Path) -> None:
     killed = tmp_path / "killed"
-    shutil.copytree(DATA, killed)  # what a run leaves before its summary: run.json and the streams
+    shutil.copytree(SHORT_RUN, killed)  # what a run leaves before its summary: run.json and the streams
     before = snapshot(killed)
     done = export_mlflow(killed, tracking_uri=store)
     assert snapshot(killed) == before

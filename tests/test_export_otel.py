@@ -32,15 +32,12 @@ from ipw_async.cli import app
 from ipw_async.cli.export import Exports
 from ipw_async.export import ExportError
 from ipw_async.export.otel import OtelExport, export_otel
-from ipw_async.results import finalize
 from ipw_async.rundir import files
 from ipw_async.rundir.manifest import Manifest
 from ipw_async.rundir.read import read_tasks
 from ipw_async.telemetry.http import redact_url
 
-from .conftest import quick_config
-
-DATA = Path(__file__).parent / "data"
+from .conftest import SHORT_RUN, finished_short_run, quick_config
 
 
 @dataclass
@@ -122,10 +119,7 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("otel") / "short_run"
-    shutil.copytree(DATA / "short_run", path)
-    finalize(path)
-    return path
+    return finished_short_run(tmp_path_factory.mktemp("otel") / "short_run")
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +306,7 @@ def test_credentials_in_the_url_become_basic_auth_and_are_redacted(
 
 def test_unfinished_run_and_bad_url_say_what_to_do(receiver: Receiver, tmp_path: Path) -> None:
     run = tmp_path / "killed"
-    shutil.copytree(DATA / "short_run", run)  # records and telemetry, no summary: as a kill leaves it
+    shutil.copytree(SHORT_RUN, run)  # records and telemetry, no summary: as a kill leaves it
     with pytest.raises(ExportError, match="ipw-async recover"):
         export_otel(run, receiver.url)
     with pytest.raises(ExportError, match="not an OTLP/HTTP endpoint"):
