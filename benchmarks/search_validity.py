@@ -10,7 +10,10 @@ simulator, whose capacity a fine sweep can measure:
   never flagged), and runs at 3× capacity with ``--on-oversaturation stop`` (target: flagged and
   stopped within 30 s).
 
-    python benchmarks/search_validity.py [--searches 20] [--quiet-runs 20]
+    python benchmarks/search_validity.py [--searches 20] [--repeats 2] [--quiet-runs 20]
+
+``--repeats N`` runs each probe N times, so the interval sees run-to-run spread as well as the
+spread of one run's requests; ``--only accuracy|oversaturation`` runs one half.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ def fine_sweep(root: Path, max_c: int, n: int) -> tuple[float | None, list[float
 
 
 def searches(
-    root: Path, count: int, n: int, truth: float
+    root: Path, count: int, n: int, repeats: int, truth: float
 ) -> list[tuple[float | None, tuple[float, float] | None, int]]:
     out = []
     for seed in range(count):
@@ -77,6 +80,7 @@ def searches(
             start=2,
             max_probes=12,
             precision=0.1,
+            repeats=repeats,
             out_dir=root / f"s{seed}",
         )
         estimate = result.boundary.estimate
@@ -123,7 +127,7 @@ def accuracy(root: Path, args: argparse.Namespace) -> None:
     if not args.searches:
         return
     t = time.perf_counter()
-    found = searches(root, args.searches, args.search_n, truth)
+    found = searches(root, args.searches, args.search_n, args.repeats, truth)
     errors = [abs(e - truth) / truth for e, _, _ in found if e is not None]
     within = sum(err <= 0.10 for err in errors)
     covered = sum(i is not None and i[0] <= truth <= i[1] for _, i, _ in found)
@@ -132,7 +136,7 @@ def accuracy(root: Path, args: argparse.Namespace) -> None:
         f"searches: {len(found)} in {time.perf_counter() - t:.0f} s; within 10% of the sweep: "
         f"{within}/{len(found)}; median |error| {statistics.median(errors) if errors else float('nan'):.1%}; "
         f"probes median {statistics.median(probes):.0f}, max {max(probes)} "
-        f"(the sweep: {args.max_c}); interval holds the sweep's boundary: {covered}/{len(found)}"
+        f"× {args.repeats} run(s) each (the sweep: {args.max_c} runs); interval holds the sweep's boundary: {covered}/{len(found)}"
     )
 
 
@@ -144,12 +148,16 @@ def main() -> None:
     parser.add_argument("--sweep-n", type=int, default=160)
     parser.add_argument("--search-n", type=int, default=80)
     parser.add_argument("--searches", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=1, help="runs per probe")
     parser.add_argument("--quiet-runs", type=int, default=20)
+    parser.add_argument("--only", choices=["accuracy", "oversaturation"])
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        accuracy(Path(tmp), args)
-    with tempfile.TemporaryDirectory() as tmp:
-        oversaturation(Path(tmp), args.quiet_runs)
+    if args.only != "oversaturation":
+        with tempfile.TemporaryDirectory() as tmp:
+            accuracy(Path(tmp), args)
+    if args.only != "accuracy":
+        with tempfile.TemporaryDirectory() as tmp:
+            oversaturation(Path(tmp), args.quiet_runs)
 
 
 if __name__ == "__main__":

@@ -259,7 +259,10 @@ class _LiveRun:
         )
         count = self._worker_count()
         if config.ray is None and count <= 1:
-            return LocalDispatch(ledger, setup, client)
+            local = LocalDispatch(ledger, setup, client)
+            stack.push_async_callback(local.close)
+            await local.start()
+            return local
         pool: Dispatch = (
             RayPool(ledger, setup, count, config.ray)
             if config.ray is not None
