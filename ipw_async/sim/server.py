@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import random
 import re
+import string
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
 from .._clock import now_ns
 from .._options import option
+from ..judge import JUDGE_PROMPT
+from ..scoring import contains, exact, numeric
 from ..workload.datasets import qa_pairs, question_of
-from ..workload.tasks import AgentTask, task_by_question
-from ..workload.tools import BUILTIN_TOOLS
+from .agent import Agent, Reply, as_tokens, seeded_rng, text_of
 from .engine import Engine, SimRequest
 from .physics import EngineConfig
 
@@ -103,11 +105,6 @@ class SimConfig:
     model: str = SIM_MODEL
 
 
-def _rng(seed: int, *parts: str) -> random.Random:
-    digest = hashlib.blake2b("\x1f".join((str(seed), *parts)).encode(), digest_size=8).digest()
-    return random.Random(int.from_bytes(digest, "little"))
-
-
 def count_tokens(text: str) -> int:
     return max(1, (len(text) + 3) // 4)
 
@@ -119,6 +116,7 @@ class Responder:
         self.config = config
         self.answers = dict(qa_pairs())
         self._all_answers = sorted(set(self.answers.values()))
+        self.agent = Agent(config.seed, config.accuracy, self._all_answers)
 
     def _answer(self, question: str, rng: random.Random) -> str:
         right = self.answers[question]
@@ -133,7 +131,7 @@ class Responder:
     ) -> tuple[list[str], str]:
         """Output tokens and finish reason."""
         cfg = self.config
-        rng = _rng(cfg.seed, prompt)
+        rng = seeded_rng(cfg.seed, prompt)
         question = question_of(prompt)
         if ignore_eos or question not in self.answers:
             n = (
@@ -157,64 +155,52 @@ class Responder:
             return words[:max_tokens], "length"
         return words, "stop"
 
-    def _final(self, task: AgentTask, results: list[str]) -> str:
-        """The answer from the last tool result it was sent, right with probability ``accuracy``."""
-        answer = results[-1] if results else "unknown"
-        if _rng(self.config.seed, "agent", task.question).random() < self.config.accuracy:
-            return answer
-        try:
-            return str(int(answer) + 1)
-        except ValueError:
-            return next(a for a in self._all_answers if a.lower() not in answer.lower())
-
-    def tool_turn(self, messages: list[object]) -> Reply | None:
-        """A tool-calling model on a built-in task: the plan's next call, filled from the tool
-        results in ``messages``, or the answer once the plan is done."""
-        user = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
-        task = task_by_question().get(str(user.get("content"))) if user else None
-        if task is None:
-            return None
-        results = [
-            str(m.get("content", "")) for m in messages if isinstance(m, dict) and m.get("role") == "tool"
-        ]
-        if len(results) < len(task.plan):
-            step = task.plan[len(results)]
-            arguments = json.dumps({BUILTIN_TOOLS[step.tool].parameter: step.argument(results)})
-            pieces = [arguments[i : i + 4] for i in range(0, len(arguments), 4)]
-            return Reply(pieces, "tool_calls", (f"call_{len(results)}", step.tool))
-        return Reply(_words(f"The answer is {self._final(task, results)}."), "stop")
-
-    def react_turn(self, prompt: str) -> Reply | None:
-        """A ReAct model on a built-in task: ``Action: tool[input]`` (cut where the stop
-        sequence would cut it) or ``Final Answer:``, reading the observations in the prompt."""
-        start = prompt.rfind("\nQuestion: ")
-        if start < 0 or not prompt.rstrip().endswith("Thought:"):
-            return None
-        block = prompt[start + 11 :]
-        task = task_by_question().get(block.split("\n", 1)[0])
-        if task is None:
-            return None
-        results = _OBSERVATION.findall(block)
-        if len(results) < len(task.plan):
-            step = task.plan[len(results)]
-            return Reply(
-                _words(f"I use the {step.tool}.\nAction: {step.tool}[{step.argument(results)}]"), "stop"
-            )
-        return Reply(_words(f"I know the answer.\nFinal Answer: {self._final(task, results)}"), "stop")
+    def turn(self, messages: list[object], body: dict[str, Any], prompt: str, chat: bool) -> Reply | None:
+        """The reply the request's kind sets (a judge's verdict, a tool-calling or ReAct turn),
+        or None for a plain answer."""
+        users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        last = text_of(users[-1].get("content")) if users else ""
+        tools = body.get("tools")
+        return (
+            judge_turn(last if chat else prompt)
+            or (self.agent.tool_turn(messages, tools, body.get("tool_choice")) if tools else None)
+            or self.agent.react_turn(prompt)
+        )
 
 
-_OBSERVATION = re.compile(r"\nObservation: (.*)")
+def _fields_pattern(template: str) -> re.Pattern[str]:
+    """A pattern that reads back the values filled into ``template``'s fields."""
+    parts: list[str] = []
+    seen: set[str] = set()
+    for literal, name, _, _ in string.Formatter().parse(template):
+        parts.append(re.escape(literal))
+        if name:
+            parts.append(f"(?P={name})" if name in seen else f"(?P<{name}>.*?)")
+            seen.add(name)
+    return re.compile("".join(parts), re.DOTALL)
 
 
-def _words(text: str) -> list[str]:
-    return re.findall(r"\s*\S+", " " + text)
+_JUDGE_FIRST_LINE = JUDGE_PROMPT.split("\n", 1)[0]
+_JUDGE_FIELDS = _fields_pattern(JUDGE_PROMPT.strip())
+_NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*")  # a reference that is a number is graded as one
 
 
-@dataclass
-class Reply:
-    tokens: list[str]
-    finish: str
-    tool_call: tuple[str, str] | None = None  # (call id, tool name): the tokens are its arguments
+def judge_turn(text: str) -> Reply | None:
+    """A judge's verdict on a filled-in :data:`JUDGE_PROMPT` (recognised by its first line):
+    CORRECT when the answer matches the reference, numerically when the reference is a
+    number, else by containing it; None for any other prompt."""
+    if not text.startswith(_JUDGE_FIRST_LINE):
+        return None
+    found = _JUDGE_FIELDS.fullmatch(text.strip())
+    filled = found.groupdict() if found else {}
+    answer, reference = filled.get("answer"), (filled.get("reference") or "").strip()
+    if answer is None or not reference:
+        right = False
+    elif _NUMBER.fullmatch(reference):
+        right = numeric(answer, reference)
+    else:
+        right = exact(answer, reference) or contains(answer, reference)
+    return Reply(as_tokens("CORRECT" if right else "INCORRECT"), "stop")
 
 
 def _chat_prompt(messages: list[object], tools: object) -> str:
@@ -373,9 +359,7 @@ class SimServer:
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else list(stop)
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 256)
-        reply = (
-            self.responder.tool_turn(messages) if body.get("tools") else None
-        ) or self.responder.react_turn(prompt)
+        reply = self.responder.turn(messages, body, prompt, chat)
         if reply is None:
             tokens, finish = self.responder.tokens(
                 prompt, chat, max_tokens, bool(body.get("ignore_eos")), stop
@@ -387,7 +371,7 @@ class SimServer:
         self._ids += 1
         key = request.headers.get("x-ipw-request-id") or f"sim-{self._ids}"
         faults = self.config.faults
-        rng = _rng(self.config.seed, "faults", key, prompt)
+        rng = seeded_rng(self.config.seed, "faults", key, prompt)
         self.stats.requests += 1
         if rng.random() < faults.http_error:
             self.stats.inject(key, "http_error")
