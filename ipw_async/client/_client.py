@@ -41,6 +41,15 @@ def _classify(exc: BaseException) -> ErrorType:
     return ErrorType.OTHER
 
 
+def transport_failed(record: RequestRecord, exc: BaseException) -> None:
+    """The request failed in the transport: the record says how, in the transport's words."""
+    if record.error_type is ErrorType.DISCONNECT:
+        # the transport's own explanation replaces "the stream ended early"
+        record.status, record.error_type, record.error_message = Status.OK, None, None
+    kind = _classify(exc)
+    fail(record, kind, f"{type(exc).__name__}: {exc}" if str(exc) else kind.value)
+
+
 class StreamingClient:
     """One connection pool sized to the load; a failed request is an outcome, and only a
     request that never ran (sent as the server closed a pooled connection) is sent again.
@@ -113,11 +122,7 @@ class StreamingClient:
             raise
         except Exception as exc:  # every transport failure is a recorded outcome
             parser.close()
-            if record.error_type is ErrorType.DISCONNECT:
-                # the transport's own explanation replaces "the stream ended early"
-                record.status, record.error_type, record.error_message = Status.OK, None, None
-            kind = _classify(exc)
-            fail(record, kind, f"{type(exc).__name__}: {exc}" if str(exc) else kind.value)
+            transport_failed(record, exc)
         finally:
             if exchange is not None and not exchange.done:
                 exchange.abandon()

@@ -24,7 +24,7 @@ import numpy as np
 from .._clock import NS, ClockAnchor, now_ns
 from .._loop import loop_name
 from .._loop import run as run_loop
-from ..client import StreamingClient
+from ..client import ClientConfig, StreamingClient
 from ..errors import RunAborted, RunError
 from ..load import LoadSpec, drive
 from ..results import RunResult, finalize
@@ -51,6 +51,17 @@ from .workers import WorkerPool, auto_workers
 from .workloads import workload_of
 
 
+class CallSource(Protocol):
+    """Load that comes from outside the run (a recording proxy's callers) instead of the load
+    driver: it serves until its deadline or until cancelled, keeping each call in the ledger."""
+
+    label: str  # the run directory's load label
+
+    async def serve(
+        self, ledger: RunLedger, upstream: ClientConfig, t0_ns: int, deadline_ns: int | None
+    ) -> None: ...
+
+
 class Display(Protocol):
     """Something that shows a run's progress: plain lines, a live dashboard, or nothing."""
 
@@ -62,20 +73,24 @@ class Display(Protocol):
 
 
 async def run_benchmark(
-    config: RunConfig, display: Display | None = None, workload: Workload | None = None
+    config: RunConfig,
+    display: Display | None = None,
+    workload: Workload | None = None,
+    source: CallSource | None = None,
 ) -> RunResult:
     """Run one benchmark and write its directory; raises RunError when it cannot start.
 
     ``workload`` replaces the one the config describes (its dataset). Interruption (Ctrl-C,
     cancellation) and a server that goes away still leave every record measured so far on
-    disk, with ``complete: false`` in the summary.
+    disk, with ``complete: false`` in the summary. With a ``source`` the calls come from it
+    rather than from the load driver, and Ctrl-C is its normal end.
     """
     spec = config.validate()
     resume = None
     if config.resume is not None:
         config, resume = resume_from(config)
         spec = config.validate()
-    live = _LiveRun(config, spec, workload or workload_of(config), display, resume)
+    live = _LiveRun(config, spec, workload or workload_of(config), display, resume, source)
     await live.run()
     assert live.run_dir is not None
     try:
@@ -126,8 +141,10 @@ class _LiveRun:
         workload: Workload,
         display: Display | None,
         resume: Resume | None = None,
+        source: CallSource | None = None,
     ):
         self.config = config
+        self.source = source
         self.spec = spec
         self.workload = workload
         self.display = display
@@ -142,6 +159,7 @@ class _LiveRun:
         self.watch: RunWatch | None = None  # while measuring
         self.stopped: str | None = None  # why the run ended before its plan, by its own rule
         self.counter_check: CounterChecks | None = None  # the energy counters' check, once sampling
+        self.upstream: ClientConfig | None = None  # the server, as a source's calls reach it
 
     def _note(self, message: str) -> None:
         if self.display is not None:
@@ -161,7 +179,8 @@ class _LiveRun:
                 model = await serving_model(config, base_url)
             except Exception as exc:
                 raise RunError(str(exc)) from None
-            label = self.spec.label if sim is None else f"sim_{self.spec.label}"
+            label = self.spec.label if self.source is None else self.source.label
+            label = label if sim is None else f"sim_{label}"
             run_dir = Path(
                 config.output_dir or default_run_dir(Path(config.runs_root), model, self.workload.name, label)
             )
@@ -232,6 +251,7 @@ class _LiveRun:
             tasks.start(_mirror(state, sampler, self.lag))
             if self.display is not None:
                 tasks.start(self.display.run(state))
+            self.upstream = client_config(self.config, base_url, self.spec.pool_size)
             try:
                 await self._phases(state, ledger, dispatch, writer, tasks, sampler)
             except (asyncio.CancelledError, KeyboardInterrupt) as exc:
@@ -329,12 +349,23 @@ class _LiveRun:
         )
         tasks.start(self.watch.run())
         with gc_frozen(), self.cpu.measuring():
-            units = ledger.units(self.workload, self._planned(), False)
-            load = tasks.start(
-                drive(spec, units, dispatch.execute, rng, deadline, on_target=state.set_target)
-            )
+            if self.source is None:
+                units = ledger.units(self.workload, self._planned(), False)
+                measured = drive(spec, units, dispatch.execute, rng, deadline, on_target=state.set_target)
+            else:
+                assert self.upstream is not None
+                measured = self.source.serve(ledger, self.upstream, t0, deadline)
+            load = tasks.start(measured)
             ends = {load, tasks.start(self.abort.event.wait()), tasks.start(cut.wait())}
-            await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                if self.source is None:
+                    raise
+                # Ctrl-C is how a source's run ends: what it recorded is the whole run
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                self._note("stopping: the calls in flight are recorded as cancelled")
+                cut.set()
             if self.abort.event.is_set() or cut.is_set():
                 load.cancel()
                 await asyncio.gather(load, return_exceptions=True)

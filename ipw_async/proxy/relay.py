@@ -1,0 +1,205 @@
+"""One call forwarded upstream over the run's own transport, its response bytes handed back
+unchanged, and the call stamped into a record on the way exactly as the run's client stamps
+its own requests (the same connection stamps, the same SSE parser)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from ..client import ClientConfig, EventStream, StreamParser
+from ..client._client import transport_failed
+from ..client._events import error_message, fail
+from ..records import ErrorType, RequestRecord
+from ..transport import ConnectionPool, Exchange
+
+# Hop-by-hop headers (RFC 9110 §7.6.1) and those the transport writes itself are not forwarded.
+_HOP = frozenset(
+    b"connection keep-alive proxy-authenticate proxy-authorization proxy-connection te trailer "
+    b"transfer-encoding upgrade host content-length".split()
+)
+
+
+@dataclass(frozen=True)
+class Head:
+    """The upstream's status line and the headers worth passing back."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    streaming: bool  # an event stream, rather than one body
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, object]] | None = None
+
+
+class _Choice(msgspec.Struct):
+    index: int = 0
+    message: _Message | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _Completion(msgspec.Struct):
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+
+
+_completion = msgspec.json.Decoder(_Completion).decode
+
+
+def read_completion(record: RequestRecord, body: bytes) -> None:
+    """A whole (non-streaming) completion into ``record``: its text, tool calls, finish reason
+    and token counts; it has no time to first token."""
+    try:
+        completion = _completion(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        fail(record, ErrorType.MALFORMED, f"the completion is not the OpenAI shape ({exc}): {body[:80]!r}")
+        return
+    choice = next((c for c in completion.choices if c.index == 0), None)
+    if choice is not None:
+        message = choice.message
+        record.answer = (message.content if message else choice.text) or ""
+        record.reasoning = (message.reasoning_content if message else None) or ""
+        for call in (message.tool_calls if message else None) or ():
+            function = call.get("function")
+            function = function if isinstance(function, dict) else {}
+            record.tool_calls.append(
+                {
+                    "id": _text(call.get("id")),
+                    "name": _text(function.get("name")),
+                    "arguments": _text(function.get("arguments")),
+                }
+            )
+        record.finish_reason = choice.finish_reason
+    if completion.usage is not None:
+        record.prompt_tokens = completion.usage.prompt_tokens
+        record.usage_output_tokens = completion.usage.completion_tokens
+
+
+def _passed_back(exchange: Exchange) -> list[tuple[str, str]]:
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in exchange.headers if k.lower() not in _HOP]
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+class CallerGone(Exception):
+    """The caller closed its connection before the response was through."""
+
+
+Write = Callable[[bytes], Awaitable[None]]  # raises CallerGone
+
+
+class Relay:
+    """Forwards calls to the upstream server at ``config.base_url`` through one connection pool."""
+
+    def __init__(self, config: ClientConfig, t0_ns: int) -> None:
+        self.base = config.base_url.rstrip("/")
+        self.t0_ns = t0_ns
+        self.authorization = f"Bearer {config.api_key}".encode() if config.api_key else None
+        self.pool = ConnectionPool(
+            config.max_connections,
+            connect_timeout_s=config.connect_timeout,
+            read_timeout_s=config.read_timeout,
+        )
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+    def _headers(self, headers: list[tuple[bytes, bytes]], request_id: int) -> bytes:
+        lines = []
+        for name, value in headers:
+            key = name.lower()
+            if key in _HOP or key.startswith(b"x-ipw-"):
+                continue
+            if key == b"authorization" and self.authorization is not None:
+                continue  # --api-key: the proxy's own key replaces the caller's
+            lines.append(b"%s: %s\r\n" % (name, value))
+        if self.authorization is not None:
+            lines.append(b"authorization: %s\r\n" % self.authorization)
+        lines.append(b"x-ipw-request-id: %d\r\n" % request_id)
+        return b"".join(lines)
+
+    async def open(
+        self, record: RequestRecord, method: bytes, path: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> tuple[Head, Exchange] | None:
+        """Send the call; its response head, or None when it failed before one came (the record
+        says why)."""
+        route = self.pool.route(f"{self.base}/{path}")
+        record.sent_ns = self.pool.clock() - self.t0_ns
+        try:
+            exchange = await self.pool.request(route, method, self._headers(headers, record.request_id), body)
+        except Exception as exc:  # every transport failure is the call's recorded outcome
+            transport_failed(record, exc)
+            return None
+        t0 = self.t0_ns
+        record.sent_ns = exchange.sent_ns - t0
+        record.reconnects = exchange.retries
+        record.headers_ns = exchange.headers_ns - t0
+        record.http_status = exchange.status
+        streaming = exchange.header(b"content-type").startswith("text/event-stream")
+        return Head(exchange.status, _passed_back(exchange), streaming), exchange
+
+    async def stream(self, record: RequestRecord, exchange: Exchange, write: Write) -> None:
+        """Hand the event stream to ``write`` as it arrives while parsing it into ``record``;
+        an upstream that fails mid-stream fails the record and raises its error."""
+        parser = StreamParser(record, self.t0_ns)
+        events = EventStream(parser, self.t0_ns)
+        pieces: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+        def arrived(t: int, data: bytes) -> None:
+            events.receive(t, data)
+            pieces.put_nowait(data)
+
+        exchange.stream_to(arrived)
+        exchange.when_done(lambda: pieces.put_nowait(None))
+        try:
+            while (data := await pieces.get()) is not None:
+                await write(data)
+            await exchange.finished()
+            events.end()
+            parser.close()
+        except CallerGone:
+            parser.close()
+            raise
+        except Exception as exc:
+            parser.close()
+            transport_failed(record, exc)
+            raise
+        finally:
+            if not exchange.done:
+                exchange.abandon()
+
+    async def body(self, record: RequestRecord, exchange: Exchange) -> bytes:
+        """A whole response, read into ``record`` when it is a completion."""
+        data = await exchange.read()
+        if record.http_status is not None and record.http_status >= 400:
+            fail(record, ErrorType.HTTP, f"HTTP {record.http_status}: {error_message(data)}")
+        else:
+            read_completion(record, data)
+        return data
+
+    async def passthrough(
+        self, method: bytes, path: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes] | None:
+        """A request that is not measured (``/models``): its status, headers and body, or None
+        when the upstream cannot be reached."""
+        route = self.pool.route(f"{self.base}/{path}")
+        try:
+            exchange = await self.pool.request(route, method, self._headers(headers, 0), body)
+            data = await exchange.read()
+        except Exception:  # the caller hears 502; nothing of the run depends on it
+            return None
+        return exchange.status, _passed_back(exchange), data

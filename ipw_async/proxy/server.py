@@ -1,0 +1,264 @@
+"""The recording proxy's HTTP side: an OpenAI-compatible endpoint for any agent framework.
+
+Every ``POST /v1/chat/completions`` and ``/v1/completions`` is forwarded to the upstream
+server and its response streamed back unchanged, while the call is kept as a record of the run.
+A call that carries ``x-ipw-task: NAME`` is a turn of task NAME; the task ends at
+``POST /ipw/tasks/NAME/end`` (optionally with its answer and reference) or when the proxy
+stops. Any other ``/v1/…`` request (``/v1/models``) is forwarded without being recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from .._clock import NS, now_ns
+from ..client import ClientConfig
+from ..client._events import fail
+from ..errors import RunError
+from ..harness.ledger import RunLedger
+from ..records import ErrorType, RequestRecord, Status
+from ..scoring import SCORERS, score
+from ..workload import Outcome, TaskLog
+from .relay import CallerGone, Relay
+
+TASK_HEADER = "x-ipw-task"
+RECORDED = frozenset({"chat/completions", "completions"})
+_MAX_BODY = 256 * 1024 * 1024  # agent histories grow; the upstream decides what is too long
+
+
+@dataclass
+class _Task:
+    log: TaskLog
+    in_flight: int = 0
+
+
+class RecordingProxy:
+    """Serves on ``host:port`` while the run measures (a :class:`~ipw_async.harness.live.CallSource`);
+    ``ready`` hears the proxy's base URL once it listens."""
+
+    label = "proxy"
+
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, ready: Callable[[str], None] | None = None
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.ready = ready
+        self.url: str | None = None
+        self._tasks: dict[str, _Task] = {}
+        self._task_ids = 0
+        self._handlers: set[asyncio.Task[Any]] = set()
+
+    async def serve(
+        self, ledger: RunLedger, upstream: ClientConfig, t0_ns: int, deadline_ns: int | None
+    ) -> None:
+        self.ledger, self.t0_ns = ledger, t0_ns
+        self.relay = Relay(upstream, t0_ns)
+        app = web.Application(client_max_size=_MAX_BODY)
+        app.router.add_post("/ipw/tasks/{task}/end", self._end_task)
+        app.router.add_route("*", "/v1/{path:.*}", self._forward)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, self.port, backlog=4096)
+            try:
+                await site.start()
+            except OSError as exc:
+                raise RunError(
+                    f"the proxy cannot listen on {self.host}:{self.port} ({exc.strerror or exc}); "
+                    "choose another --port"
+                ) from None
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.url = f"http://{self.host}:{port}/v1"
+            if self.ready is not None:
+                self.ready(self.url)
+            if deadline_ns is None:
+                await asyncio.Event().wait()
+            else:
+                await asyncio.sleep(max(0.0, (deadline_ns - now_ns()) / NS))
+        finally:
+            await self._stop(runner)
+
+    async def _stop(self, runner: web.AppRunner) -> None:
+        """Calls in flight are cut and recorded as cancelled; open tasks end here."""
+        for handler in list(self._handlers):
+            handler.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await runner.cleanup()
+        for name, task in list(self._tasks.items()):
+            outcome = Outcome.CANCELLED if task.in_flight else Outcome.COMPLETED
+            self._finish(name, outcome)
+        await self.relay.aclose()
+
+    # a recorded call
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        arrived = now_ns()
+        path = request.match_info["path"]
+        body = await request.read()
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()]
+        if request.method != "POST" or path not in RECORDED:
+            return await self._pass(request.method, path, headers, body)
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        record, task = self._record(request.headers.get(TASK_HEADER), arrived)
+        self.ledger.started()
+        try:
+            return await self._relay(request, record, path, headers, body)
+        except asyncio.CancelledError:
+            record.status, record.error_type = Status.CANCELLED, ErrorType.CANCELLED
+            record.error_message = "the proxy stopped while this call was in flight"
+            raise
+        finally:
+            self._handlers.discard(handler)
+            if record.closed_ns is None:
+                record.closed_ns = now_ns() - self.t0_ns
+            # after the response: reading the body costs the caller nothing now
+            record.prompt = _prompt(body)
+            if task is not None:
+                task.in_flight -= 1
+                if not task.log.prompt:
+                    task.log.prompt = record.prompt
+            await self.ledger.kept(record)
+
+    async def _relay(
+        self,
+        request: web.Request,
+        record: RequestRecord,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+    ) -> web.StreamResponse:
+        opened = await self.relay.open(record, request.method.encode(), path, headers, body)
+        if opened is None:  # no answer from upstream: the caller gets the reason, as a server error
+            error = {"error": {"message": record.error_message, "type": "upstream_unreachable"}}
+            return web.json_response(error, status=502)
+        head, exchange = opened
+        if not head.streaming:
+            data = await self.relay.body(record, exchange)
+            return web.Response(body=data, status=head.status, headers=head.headers)
+        response = web.StreamResponse(status=head.status, headers=head.headers)
+        await response.prepare(request)
+
+        async def write(data: bytes) -> None:
+            try:
+                await response.write(data)
+            except ConnectionError as exc:
+                raise CallerGone from exc
+
+        try:
+            await self.relay.stream(record, exchange, write)
+        except CallerGone:
+            fail(
+                record,
+                ErrorType.CANCELLED,
+                "the caller closed the connection before the response was through",
+            )
+            record.status = Status.CANCELLED
+            return response
+        except Exception:  # the upstream failed mid-stream: the caller sees the stream cut, as it was
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        await response.write_eof()
+        return response
+
+    def _record(self, task_name: str | None, arrived: int) -> tuple[RequestRecord, _Task | None]:
+        request_id = self.ledger.next_id()
+        task = None
+        if task_name:
+            task = self._tasks.get(task_name)
+            if task is None:
+                task = self._tasks[task_name] = _Task(self._new_log(task_name, arrived))
+            task.in_flight += 1
+        at = arrived - self.t0_ns
+        record = RequestRecord(
+            request_id=request_id,
+            query_id=task_name or "proxy",
+            dataset="proxy",
+            prompt="",
+            unit_id=request_id if task is None else task.log.task_id,
+            task_id=None if task is None else task.log.task_id,
+            turn_index=None if task is None else len(task.log.turns),
+            scheduled_ns=at,
+            dispatched_ns=at,
+        )
+        if task is not None:
+            task.log.turn(record)
+        return record, task
+
+    def _new_log(self, name: str, arrived: int) -> TaskLog:
+        self._task_ids += 1
+        self.ledger.task_started()
+        return TaskLog(self._task_ids, name, "proxy", False, "", None, arrived - self.t0_ns)
+
+    def _finish(
+        self, name: str, outcome: Outcome, answer: str | None = None, correct: bool | None = None
+    ) -> None:
+        task = self._tasks.pop(name)
+        task.log.end(outcome, self.t0_ns, answer, correct)
+        self.ledger.task_done(task.log)
+
+    async def _end_task(self, request: web.Request) -> web.Response:
+        """``POST /ipw/tasks/NAME/end`` with an optional JSON body ``{"answer", "reference",
+        "scorer"}``: the task is over; with a reference its answer is scored."""
+        name = request.match_info["task"]
+        task = self._tasks.get(name)
+        if task is None:
+            return _error(
+                404, f"no open task {name!r}: a task opens with its first call that sends {TASK_HEADER}"
+            )
+        try:
+            given = await request.json() if request.can_read_body else {}
+        except json.JSONDecodeError:
+            return _error(400, "the body must be JSON: {answer, reference, scorer}")
+        if not isinstance(given, dict):
+            return _error(400, "the body must be a JSON object: {answer, reference, scorer}")
+        answer, reference = given.get("answer"), given.get("reference")
+        scorer = given.get("scorer", "contains")
+        if scorer not in SCORERS:
+            return _error(400, f"scorer must be one of {', '.join(SCORERS)}")
+        answer = None if answer is None else str(answer)
+        task.log.reference = None if reference is None else str(reference)
+        correct = None if answer is None else score(answer, task.log.reference, scorer)
+        turns = len(task.log.turns)
+        self._finish(name, Outcome.ANSWERED if answer is not None else Outcome.COMPLETED, answer, correct)
+        return web.json_response({"task": name, "turns": turns, "correct": correct})
+
+    async def _pass(
+        self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> web.Response:
+        """A call that is not a completion, forwarded and not recorded."""
+        answered = await self.relay.passthrough(method.encode(), path, headers, body)
+        if answered is None:
+            return _error(502, f"the upstream server at {self.relay.base} cannot be reached")
+        status, kept, data = answered
+        return web.Response(body=data, status=status, headers=kept)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": "ipw_proxy_error"}}, status=status)
+
+
+def _prompt(body: bytes) -> str:
+    """What the call adds to its conversation: the last message's text, or the prompt."""
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return ""
+    if not isinstance(payload, dict):
+        return ""
+    messages = payload.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        content = messages[-1].get("content")
+        if isinstance(content, list):  # content parts: their text
+            return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        return "" if content is None else str(content)
+    prompt = payload.get("prompt")
+    return prompt if isinstance(prompt, str) else ""
