@@ -2,11 +2,13 @@
 
 ``run`` ends by calling :func:`finalize`; ``ipw-async finalize`` calls it on a finished run to
 re-attribute its energy with other settings, and recovery will call it on a run that died.
-It reads nothing but the files in the directory.
+It reads nothing but the files in the directory; where ``judge.jsonl`` is among them (an LLM
+judge scored the run after it ended), its verdicts replace the run's own scoring.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,8 @@ from .energy import AttributionConfig, attribute, energy_over
 from .export.ipw import ipw_table, write_ipw_dataset
 from .records import end_ns
 from .rundir import files
-from .rundir.manifest import FORMAT, Manifest
-from .rundir.read import read_records, read_tasks, read_telemetry
+from .rundir.manifest import FORMAT, Manifest, RunDirError
+from .rundir.read import INLINE_CORRECT, read_records, read_tasks, read_telemetry
 from .stats import client_stats, distribution, latency_stats, measured, task_stats, window_s
 from .telemetry.base import Meter
 from .traces import QueryTrace, parse_price, tool_waits, traces_from_records, traces_from_tasks, write_traces
@@ -82,12 +84,13 @@ def finalize(
     if telemetry is not None and manifest.meters:
         records, section = attribute(telemetry, manifest.meters, records, settings)
         energy_section |= section
+    tasks = read_tasks(run_dir)
+    records, tasks, judge_section = _judged(run_dir, records, tasks, manifest.workload["scorer"])
     files.write_frame(records, run_dir / files.RECORDS)
     files.write_parquet(records, run_dir / files.RECORDS_PARQUET)
     if telemetry is not None:
         files.write_parquet(telemetry, run_dir / files.TELEMETRY_PARQUET)
     headline = [m for m in manifest.meters if m.channel in energy_section.get("headline_meters", ())]
-    tasks = read_tasks(run_dir)
     traces = _traces(
         records, tasks, telemetry, headline, parse_price(config.get("price")), manifest.session_starts_ns
     )
@@ -98,9 +101,92 @@ def finalize(
     summary["loss"] = loss(records, tasks, telemetry, manifest.dispatched - dropped)
     if tasks:
         summary["tasks"] = task_stats(traces, window_s(measured(records)))
+    if judge_section is not None:
+        summary |= {"scorer": "judge", "judge": judge_section}
     files.write_json(run_dir / files.SUMMARY, summary)
     write_ipw_dataset(run_dir, ipw_table(records, summary, telemetry, manifest.meters))
     return RunResult(run_dir=run_dir, summary=summary, records=records)
+
+
+# What judging after the run means for its energy, said in every judged summary.
+JUDGE_ENERGY_NOTE = (
+    "the judge ran after the run's measured window, tail and finalize, when no telemetry was "
+    "being recorded: its calls are not in the run's energy, and its own energy is not measured"
+)
+SAME_SERVER_NOTE = "the judge is the run's own server, judged after the measured window"
+
+
+def _judged(
+    run_dir: Path, records: pl.DataFrame, tasks: list[dict[str, Any]], scorer: str | None
+) -> tuple[pl.DataFrame, list[dict[str, Any]], dict[str, Any] | None]:
+    """Records and tasks with the verdicts of ``judge.jsonl`` in ``correct`` (null, with the
+    reason in ``judge_error``, where the judge could not score), and the summary's ``judge``
+    section; as they are, and no section, for a run no judge scored. The records keep their
+    own verdicts in ``inline_correct``."""
+    path = run_dir / files.JUDGE
+    if not path.is_file():
+        return records, tasks, None
+    header, *lines = files.read_jsonl(path) or [{}]
+    if "judge" not in header:
+        raise RunDirError(f"{path} does not start with its header line; judge the run again")
+    # a task's verdict goes to the call that gave its final answer too, so per-request
+    # accuracy (analyze, IPJ, IPW) follows the judge in every kind of run
+    by_request = {line["request_id"]: line for line in lines if line.get("request_id") is not None}
+    ids = records.get_column("request_id").to_list()
+    # each judged item's own verdict (the run's scorer's), by what the lines are matched on
+    own = dict(zip(ids, records.get_column("correct").to_list(), strict=True))
+    records = records.with_columns(
+        pl.Series(
+            "correct", [by_request[i]["verdict"] if i in by_request else own[i] for i in ids], pl.Boolean
+        ),
+        pl.col("correct").alias(INLINE_CORRECT),
+        pl.Series("judge_error", [by_request.get(i, {}).get("error") for i in ids], pl.String),
+    )
+    key = "request_id"
+    if tasks:
+        by_task = {line["task_id"]: line for line in lines if line.get("task_id") is not None}
+        key, own = "task_id", {t["task_id"]: t["correct"] for t in tasks}
+        tasks = [
+            {**t, "correct": by_task[t["task_id"]]["verdict"], "judge_error": by_task[t["task_id"]]["error"]}
+            if t["task_id"] in by_task
+            else t
+            for t in tasks
+        ]
+    pairs = [(line["verdict"], own.get(line[key])) for line in lines]
+    return records, tasks, _judge_section(header["judge"], lines, pairs, scorer)
+
+
+def _judge_section(
+    header: dict[str, Any],
+    lines: list[dict[str, Any]],
+    pairs: list[tuple[bool | None, bool | None]],
+    scorer: str | None,
+) -> dict[str, Any]:
+    """The summary's ``judge``: who judged, what came back, and how it compares with the run's
+    own scorer (``pairs``: each judged item's verdict and the run's own)."""
+    verdicts = Counter(line["verdict"] for line in lines)
+    compared = [(judge, own) for judge, own in pairs if judge is not None and own is not None]
+
+    def total(name: str) -> int | None:
+        values = [line[name] for line in lines if line.get(name) is not None]
+        return sum(values) if values else None
+
+    return {
+        **header,
+        "judged": len(lines),
+        "verdicts": {"correct": verdicts[True], "incorrect": verdicts[False], "unscored": verdicts[None]},
+        "errors": dict(Counter(line["error"] for line in lines if line["error"] is not None).most_common(10)),
+        "latency_s": distribution([line["latency_s"] for line in lines if line["latency_s"] is not None]),
+        "prompt_tokens": total("prompt_tokens"),
+        "completion_tokens": total("completion_tokens"),
+        "run_scorer": scorer,  # what scored the run as it went (null: each task's own)
+        "agreement_with_run_scorer": {
+            "compared": len(compared),
+            "agree": sum(judge == own for judge, own in compared),
+        },
+        "energy": JUDGE_ENERGY_NOTE,
+        "server": SAME_SERVER_NOTE if header.get("same_server") else None,
+    }
 
 
 def loss(

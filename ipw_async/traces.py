@@ -78,6 +78,7 @@ class QueryTrace:
     think_s: float | None = None
     queue_s: float | None = None
     tool_wait_device_j: float | None = None  # device energy during tool waits, not charged
+    judge_error: str | None = None  # why an LLM judge left ``correct`` null (judge.jsonl has the rest)
 
     @property
     def energy_j(self) -> float | None:
@@ -189,7 +190,7 @@ def traces_from_records(frame: pl.DataFrame, prices: tuple[float, float] | None 
     """One single-turn trace per request row (energy columns used when present)."""
     traces = []
     # the columns a trace reads: a record's token timestamps (lists) cost most of a row's copy
-    wanted = {*_SHARED, *_TURN_COLUMNS, "queue_s"}
+    wanted = {*_SHARED, *_TURN_COLUMNS, "queue_s", "judge_error"}
     for row in frame.select([c for c in frame.columns if c in wanted]).iter_rows(named=True):
         traces.append(
             QueryTrace(
@@ -200,6 +201,7 @@ def traces_from_records(frame: pl.DataFrame, prices: tuple[float, float] | None 
                 total_wall_clock_s=row["stream_time_s"],
                 model_s=row["stream_time_s"],
                 queue_s=row["queue_s"],
+                judge_error=row.get("judge_error"),
             )
         )
     return traces
@@ -249,6 +251,7 @@ def traces_from_tasks(
                 think_s=think,
                 queue_s=None if wall is None else max(0.0, wall - model - tool - think),
                 tool_wait_device_j=None if tool_wait_j is None else tool_wait_j[i],
+                judge_error=task.get("judge_error"),
             )
         )
     return traces

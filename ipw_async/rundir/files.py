@@ -29,6 +29,7 @@ TELEMETRY = "telemetry.arrow"
 TRACES = "traces.jsonl"
 TASKS = "tasks.jsonl"  # agentic and multi-turn runs: each task as the harness saw it end
 SUMMARY = "summary.json"
+JUDGE = "judge.jsonl"  # written by `ipw-async judge` after the run: a header, then one line per verdict
 # written by finalize beside the streams: the interchange format every data tool reads
 RECORDS_PARQUET = "records.parquet"
 TELEMETRY_PARQUET = "telemetry.parquet"
@@ -264,6 +265,13 @@ class JsonLines:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write a whole JSON-lines file, atomically: readers never see half of it."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(_clean(row), default=str) + "\n" for row in rows))
+    os.replace(tmp, path)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

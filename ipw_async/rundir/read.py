@@ -11,6 +11,11 @@ from ..records import RECORD_SCHEMA
 from . import files
 from .manifest import Manifest, RunDirError
 
+# A judged finalize keeps each record's own verdict (its scorer's, given as the request ended) in
+# this column, beside the judge's in ``correct``: reading it back, the run's own scoring returns,
+# so finishing stays a function of the measured files and judge.jsonl (remove it: unjudged).
+INLINE_CORRECT = "inline_correct"
+
 
 def read_records(run_dir: Path, partial_ok: bool = False) -> pl.DataFrame:
     """The measured columns of a run's records (none of an earlier finalize's energy columns)."""
@@ -18,6 +23,8 @@ def read_records(run_dir: Path, partial_ok: bool = False) -> pl.DataFrame:
     if not path.is_file():
         raise RunDirError(f"{run_dir} holds no {files.RECORDS}; is it a run directory?")
     frame = files.read_arrow(path, partial_ok=partial_ok)
+    if INLINE_CORRECT in frame.columns:
+        frame = frame.with_columns(pl.col(INLINE_CORRECT).alias("correct"))
     # a column this version records that the run's version did not: unknown, not zero
     missing = [
         pl.lit(None, dtype).alias(name) for name, dtype in RECORD_SCHEMA.items() if name not in frame.columns
