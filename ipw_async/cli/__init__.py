@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from . import agent, analysis, export, run, search
+from . import agent, analysis, export, judge, proxy, run, search
 from ._common import Debug, err
 
 app = typer.Typer(
@@ -33,6 +33,8 @@ analysis.register(app)
 agent.register(app)
 search.register(app)
 export.register(app)
+judge.register(app)
+proxy.register(app)
 
 
 def main() -> None:

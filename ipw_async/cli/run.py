@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import signal
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,11 +17,12 @@ from .._loop import run as run_loop
 from ..errors import RunAborted, RunError
 from ..harness import RunConfig, run_benchmark
 from ..harness.live import Display
-from ..results import finalize
+from ..results import RunResult, finalize
 from ..rundir.manifest import RunDirError
 from ..sim import EngineConfig, Faults, SimConfig, serve
 from ._common import Debug, err, fail, out
 from .export import EXPORT_PARAMETERS, Exports
+from .judge import JUDGE_PARAMETERS, Judging
 from .options import RUN_PARAMETERS, parameters, run_config, values_for, with_parameters
 
 
@@ -57,12 +59,22 @@ class _StopSignals:
             signal.signal(s, handler)
 
 
-def execute(config: RunConfig, display: Display, exports: Exports | None = None) -> int:
-    """Run with one-line errors, then make the ``exports`` asked for; the exit code says how it
-    ended (0 ok, 1 partial, 2 unusable, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
+Start = Callable[[RunConfig, Display], Coroutine[Any, Any, RunResult]]
+
+
+def execute(
+    config: RunConfig,
+    display: Display,
+    exports: Exports | None = None,
+    judging: Judging | None = None,
+    start: Start = run_benchmark,
+) -> int:
+    """Run (``start``: a benchmark, or a proxy's run) with one-line errors, then judge its answers
+    (``judging``) and make the ``exports`` asked for, so they carry the judged results; the exit
+    code says how the run ended (0 ok, 1 partial, 2 unusable, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
     with _StopSignals() as stop:
         try:
-            result = run_loop(run_benchmark(config, display))
+            result = run_loop(start(config, display))
         except RunError as exc:
             if Debug.on:
                 raise
@@ -76,9 +88,12 @@ def execute(config: RunConfig, display: Display, exports: Exports | None = None)
                 f"[yellow]{cause}:[/] the records measured so far are on disk (summary says complete: false)"
             )
             return 128 + (stop.received or signal.SIGINT)
+    code = 0 if result.complete else 1
+    if judging is not None:  # after the run's measured window, tail and finalize: not in its energy
+        judging(result.run_dir, code)
     if exports is not None:
         exports(result.run_dir)
-    return 0 if result.complete else 1
+    return code
 
 
 def run(ctx: typer.Context, **options: Any) -> None:
@@ -88,8 +103,9 @@ def run(ctx: typer.Context, **options: Any) -> None:
     process, with a simulated device) and labels everything as simulated.
     """
     config = run_config(options)
+    judging = Judging.from_options(options)
     display = display_for(not options["no_dashboard"], options["quiet"])
-    raise typer.Exit(execute(config, display, Exports.from_options(options)))
+    raise typer.Exit(execute(config, display, Exports.from_options(options), judging))
 
 
 def finalize_command(
@@ -211,7 +227,7 @@ SIM_ADDRESS = [
 
 
 def register(app: typer.Typer) -> None:
-    app.command("run")(with_parameters(run, RUN_PARAMETERS + EXPORT_PARAMETERS))
+    app.command("run")(with_parameters(run, RUN_PARAMETERS + JUDGE_PARAMETERS + EXPORT_PARAMETERS))
     app.command("finalize")(finalize_command)
     app.command("recover")(recover)
     sim_parameters = SIM_ADDRESS + parameters(SimConfig) + parameters(EngineConfig) + parameters(Faults)

@@ -36,11 +36,11 @@ class ProxyCalls:
 
 async def run_proxy(
     config: RunConfig,
+    display: Display | None = None,
     *,
     host: str = "127.0.0.1",
     port: int = 8800,
     max_connections: int = 256,
-    display: Display | None = None,
     ready: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Serve the recording proxy in front of ``config.base_url`` (the built-in simulator when
