@@ -47,7 +47,9 @@ _KEPT = {
 
 def _option(name: str, default: Any, kind: Any, help: str, *flags: str) -> inspect.Parameter:
     info = typer.Option(*flags, help=help, rich_help_panel=TARGET)
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, info])
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, info]
+    )
 
 
 PROXY_PARAMETERS = [
@@ -61,7 +63,9 @@ PROXY_PARAMETERS = [
     ),
     _option("host", "127.0.0.1", str, "Address the proxy listens on (loopback by default).", "--host"),
     _option("port", 8800, int, "Port the proxy listens on (0: any free port).", "--port"),
-    _option("max_connections", 256, int, "Connections the proxy may open to the upstream.", "--max-connections"),
+    _option(
+        "max_connections", 256, int, "Connections the proxy may open to the upstream.", "--max-connections"
+    ),
     *(p for p in RUN_PARAMETERS if p.name in _KEPT and p not in DISPLAY_PARAMETERS),
     *DISPLAY_PARAMETERS,
 ]
@@ -85,7 +89,11 @@ def proxy(**options: Any) -> None:
         out.print(f"proxy listening on {url} → {upstream} (calls with {TASK_HEADER}: NAME are tasks)")
 
     start = functools.partial(
-        run_proxy, host=options["host"], port=options["port"], max_connections=options["max_connections"], ready=ready
+        run_proxy,
+        host=options["host"],
+        port=options["port"],
+        max_connections=options["max_connections"],
+        ready=ready,
     )
     display = display_for(not options["no_dashboard"], options["quiet"])
     exports, judging = Exports.from_options(options), Judging.from_options(options)
