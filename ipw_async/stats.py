@@ -107,14 +107,17 @@ def task_stats(traces: list[QueryTrace], window: float | None) -> dict[str, Any]
     """Per-task figures of a multi-turn run, over its measured tasks.
 
     ``success_rate`` is correct / tasks with a reference answer (a task that ran out of
-    turns counts as a failure; replayed conversations have none, so null); ``j_per_successful_task`` is the energy of all measured tasks over the number
-    that succeeded: what one success costs, failures included.
+    turns counts as a failure; replayed conversations have none, so null; a task the judge
+    could not score is left out and counted as ``unscored``, never as wrong);
+    ``j_per_successful_task`` is the energy of all measured tasks over the number that
+    succeeded: what one success costs, failures included.
     """
     tasks = [t for t in traces if not t.warmup]
     outcomes: dict[str, int] = {}
     for t in tasks:
         outcomes[t.status] = outcomes.get(t.status, 0) + 1
-    scored = [t for t in tasks if t.reference is not None]
+    unscored = sum(1 for t in tasks if t.judge_error is not None)
+    scored = [t for t in tasks if t.reference is not None and t.judge_error is None]
     correct = sum(1 for t in scored if t.correct)
     energies = [t.energy_j for t in tasks]
     known = [e for e in energies if e is not None]
@@ -130,6 +133,7 @@ def task_stats(traces: list[QueryTrace], window: float | None) -> dict[str, Any]
         "count": len(tasks),
         "outcomes": outcomes,
         "correct": correct,
+        "unscored": unscored,
         "success_rate": success,
         "tasks_per_s": len(tasks) / window if window else None,
         "turns": dist([len(t.turns) for t in tasks]),

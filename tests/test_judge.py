@@ -313,6 +313,21 @@ def test_an_agentic_run_is_judged_on_each_tasks_final_answer(
     assert after.get_column("energy_j").to_list() == before.get_column("energy_j").to_list()
 
 
+def test_a_task_the_judge_cannot_score_is_left_out_of_task_success(
+    agentic_run: Path, judge: ScriptedJudge, tmp_path: Path
+) -> None:
+    run_dir = copy(agentic_run, tmp_path)
+    answered = [t for t in read_tasks(run_dir) if not t["warmup"] and t["answer"] is not None]
+    garbled = {answered[0]["answer"], answered[1]["answer"]}
+    judge.reset(lambda reference, answer: "no idea" if answer in garbled else "CORRECT")
+    judge_run(run_dir, judge.url)
+    tasks = summary(run_dir)["tasks"]
+    unscored = sum(t["answer"] in garbled for t in answered)
+    assert tasks["unscored"] == unscored >= 1
+    # missing is not zero: the rate is over the tasks the judge scored, all correct here
+    assert tasks["correct"] == len(answered) - unscored and tasks["success_rate"] == 1.0
+
+
 def test_the_judges_api_key_reaches_the_judge_and_no_file(
     single_run: Path, judge: ScriptedJudge, tmp_path: Path
 ) -> None:
