@@ -84,7 +84,7 @@ def _result(output: str, call_id: str | None = None) -> ToolResult:
 
 
 def test_tool_calling_history_grows_turn_by_turn() -> None:
-    history = ToolCalling("What is 2 + 3?", [BUILTIN_TOOLS["calculator"].spec()])
+    history = ToolCalling("What is 2 + 3?", [BUILTIN_TOOLS["calculator"].spec().openai()])
     record = RequestRecord(
         0, "q", "d", "p", tool_calls=[{"id": "c1", "name": "calculator", "arguments": "{}"}]
     )
@@ -99,7 +99,7 @@ def test_tool_calling_history_grows_turn_by_turn() -> None:
 
 
 def test_react_parses_actions_answers_and_bad_format() -> None:
-    react = ReAct("What is 2 + 3?", chat=False)
+    react = ReAct("What is 2 + 3?", chat=False, tools=[t.spec() for t in BUILTIN_TOOLS.values()])
     start = react.fields()["prompt"]
     assert start.endswith("Question: What is 2 + 3?\nThought:") and react.fields()["stop"] == [
         "\nObservation:"

@@ -152,12 +152,14 @@ def test_the_graph_sees_relative_and_lazy_imports() -> None:
 
 def test_the_core_install_pulls_no_integration_sdk() -> None:
     """The extras stay extras: the core dependencies name none of their SDKs, and importing the
-    CLI and every exporter loads none of them (each is imported where an export needs it)."""
+    CLI, every exporter and the MCP tool client loads none of them (each is imported where an
+    export or a tool server needs it)."""
     project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
-    integrations = ("opentelemetry", "mlflow", "datasets", "playwright", "ray")
+    integrations = ("opentelemetry", "mlflow", "datasets", "playwright", "ray", "mcp")
     assert not [d for d in project["dependencies"] if d.startswith(integrations)]
     code = (
-        "import sys, ipw_async.cli, ipw_async.export.otel, ipw_async.export.mlflow, ipw_async.analysis.html_report; "
+        "import sys, ipw_async.cli, ipw_async.export.otel, ipw_async.export.mlflow, ipw_async.analysis.html_report, "
+        "ipw_async.workload.mcp_tools; "
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(integrations)!r}))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -27,6 +27,7 @@ from ..validity.precision import PRECISION_METRICS, parse_targets
 from ..validity.saturation import OVERSATURATION_ACTIONS
 from ..workload.agentic import PROTOCOLS
 from ..workload.body import BodyDefaults
+from ..workload.mcp_tools import parse_servers, written
 from ..workload.tools import ToolLatency
 from .workloads import WORKLOADS
 
@@ -128,6 +129,36 @@ class RunConfig:
     task_timeout: float | None = field(
         default=None,
         metadata=option("agentic: seconds after which a task starts no new turn.", panel=WORKLOAD),
+    )
+    tasks: Path | None = field(
+        default=None,
+        metadata=option(
+            "agentic: run the tasks in this JSONL file instead of the built-in ones, one per line: "
+            '{"problem": ..., "answer": ...} and optionally id, subject, tools, max_turns, scorer, '
+            "metadata (see docs/agentic.md). Needs --workload agentic.",
+            show_default=False,
+            panel=WORKLOAD,
+        ),
+    )
+    mcp: list[str] = field(
+        default_factory=list,
+        metadata=option(
+            "agentic: call the tools of this MCP server instead of the built-in ones run in this "
+            'process: a command that serves MCP on stdio ("npx -y @modelcontextprotocol/server-everything"), '
+            "an http(s):// URL (streamable HTTP), or builtin (the built-in tools as an MCP server); "
+            "repeatable. Needs pip install 'ipw-async[mcp]'.",
+            cli_type=list[str] | None,
+            parse=lambda specs: list(specs or []),
+            panel=WORKLOAD,
+        ),
+    )
+    tool_timeout: float = field(
+        default=30.0,
+        metadata=option(
+            "agentic: seconds an MCP tool call may take; a call that takes longer is a tool error "
+            "the model is told about.",
+            panel=WORKLOAD,
+        ),
     )
     tool_latency: str = field(
         default="0",
@@ -500,6 +531,11 @@ class RunConfig:
                 "--workers must be a number of processes (at least 1) or auto",
             ),
             (self.task_timeout is None or self.task_timeout > 0, "--task-timeout must be positive"),
+            (self.tool_timeout > 0, "--tool-timeout must be a positive number of seconds"),
+            (
+                self.workload == "agentic" or (self.tasks is None and not self.mcp),
+                "--tasks and --mcp are for agentic runs: add --workload agentic",
+            ),
             (
                 self.attribution in RULES,
                 f"unknown attribution rule {self.attribution!r}; choose one of {', '.join(RULES)}",
@@ -510,6 +546,7 @@ class RunConfig:
                 raise RunError(message)
         try:
             ToolLatency.parse(self.tool_latency)
+            parse_servers(self.mcp)
             self.prices()
             parse_effects(self.power_model)
         except ValueError as exc:
@@ -527,6 +564,7 @@ class RunConfig:
         out["api_key_set"] = self.api_key is not None
         out["telemetry_url"] = [redact_url(u) for u in self.telemetry_url]
         out["prometheus_url"] = [redact_url(u) for u in self.prometheus_url]
+        out["mcp"] = [written(s) for s in self.mcp]
         out["base_url"] = None if self.base_url is None else redact_url(self.base_url)
         if self.base_url is None:
             out["sim"] = dataclasses.asdict(self.sim_config())

@@ -4,11 +4,12 @@ here (:class:`LocalDispatch`), in worker processes (:mod:`.workers`) or on Ray a
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Protocol
 
 from ..client import StreamingClient
 from ..records import RequestRecord
-from ..workload import TaskLog, WorkUnit
+from ..workload import TaskLog, WorkUnit, opened
 from .ledger import RunLedger
 from .worker_protocol import WorkerSetup
 
@@ -16,7 +17,9 @@ from .worker_protocol import WorkerSetup
 class Dispatch(Protocol):
     count: int  # units run in parallel places (1: this event loop)
 
-    async def start(self) -> None: ...
+    async def start(self) -> None:
+        """Start the places units run in, each with the workload opened; RunError if one cannot."""
+        ...
 
     async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
         """Perform ``unit`` (due at ``scheduled_ns``) and return when it has ended."""
@@ -44,15 +47,16 @@ class LocalDispatch:
     def __init__(self, ledger: RunLedger, setup: WorkerSetup, client: StreamingClient) -> None:
         self.ledger = ledger
         self.requests = setup.requests(client, self)
+        self._open = contextlib.AsyncExitStack()  # the workload, open from start to close
 
     async def start(self) -> None:
-        pass
+        await self._open.enter_async_context(opened(self.requests.workload))
 
     async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
         await self.requests.workload.perform(unit, self.requests, scheduled_ns)
 
     async def close(self) -> None:
-        pass
+        await self._open.aclose()
 
     @property
     def pids(self) -> list[int]:

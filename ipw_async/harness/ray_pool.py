@@ -32,7 +32,7 @@ from .._clock import now_ns
 from ..client import StreamingClient
 from ..clock_sync import OPEN_PINGS, ClockSync
 from ..errors import RunError
-from ..workload import WorkUnit
+from ..workload import WorkUnit, opened
 from .ledger import Coordinator
 from .worker_protocol import (
     CLOSE_TIMEOUT_S,
@@ -54,6 +54,7 @@ class RayWorker:
         self.client: StreamingClient | None = None
         self.running: dict[int, asyncio.Task[Message]] = {}
         self.numbers = itertools.count()  # one numbering for every unit it runs
+        self.workload = contextlib.AsyncExitStack()  # open from start to close (two calls, two tasks)
 
     async def clock(self) -> int:
         return now_ns()
@@ -64,10 +65,16 @@ class RayWorker:
 
         return platform.node(), ray.get_runtime_context().get_node_id()[:12], os.getpid()
 
-    async def start(self, t0_ns: int) -> None:
-        """The run's start on this node's clock: every stamp here is taken from it."""
+    async def start(self, t0_ns: int) -> str | None:
+        """The run's start on this node's clock (every stamp here is taken from it), and the
+        workload opened; why it could not be, if not (Ray would wrap the error in its own)."""
         self.setup = replace(self.setup, t0_ns=t0_ns)
         self.client = StreamingClient(self.setup.client, t0_ns=t0_ns)
+        try:
+            await self.workload.enter_async_context(opened(self.setup.workload))
+        except Exception as exc:  # RunError, mostly: its message is the run's
+            return str(exc) or type(exc).__name__
+        return None
 
     async def perform(self, unit: WorkUnit, scheduled_ns: int) -> list[Message]:
         assert self.client is not None
@@ -87,6 +94,7 @@ class RayWorker:
             task.cancel()
 
     async def close(self) -> None:
+        await self.workload.aclose()
         if self.client is not None:
             await self.client.aclose()
 
@@ -161,7 +169,8 @@ class RayPool:
                 remote = await handle.clock.remote()
                 sync.add(sent, remote, now_ns())
             offset = sync.best().offset_ns
-            await handle.start.remote(self.setup.t0_ns + offset)
+            if error := await handle.start.remote(self.setup.t0_ns + offset):
+                raise RunError(error)
             self._syncs.append(sync)
             self._offsets.append(offset)
             host, node, pid = await handle.where.remote()

@@ -102,11 +102,18 @@ class Ready:
 
 
 @dataclass(frozen=True)
+class NotReady:
+    """The worker could not open the workload (its tool servers, say): the run cannot start."""
+
+    error: str
+
+
+@dataclass(frozen=True)
 class Closed:
     pass
 
 
-Message = Report | UnitDone | UnitFailed | Ready | Closed
+Message = Report | UnitDone | UnitFailed | Ready | NotReady | Closed
 
 
 class WorkerSink:

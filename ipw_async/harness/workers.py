@@ -4,7 +4,7 @@ One event loop parses every SSE event of every stream, so one core caps the even
 take in. With ``--workers K`` the load driver, the sampler, the writer and the dashboard stay
 in the coordinator, which hands each unit of work to the least busy of K worker processes.
 Each worker has its own event loop and client, performs the unit through its own copy of the
-workload, and sends back what the run's ledger would have seen (:mod:`.worker_protocol`): a
+workload (opened there: its MCP tool servers are the worker's own), and sends back what the run's ledger would have seen (:mod:`.worker_protocol`): a
 request starting, a record kept, a task logged. Every stamp is on the machine's monotonic
 clock, shared by all processes.
 """
@@ -27,7 +27,7 @@ from typing import Any
 from .._loop import run as run_loop
 from ..client import StreamingClient
 from ..errors import RunError
-from ..workload import WorkUnit
+from ..workload import WorkUnit, opened
 from .ledger import Coordinator
 from .worker_protocol import (
     CLOSE_TIMEOUT_S,
@@ -36,6 +36,7 @@ from .worker_protocol import (
     Closed,
     Command,
     Message,
+    NotReady,
     Ready,
     Renumbering,
     RunUnit,
@@ -131,13 +132,20 @@ async def _serve(setup: WorkerSetup, conn: Connection) -> None:
             closing.set()
 
     _watch(loop, conn, on_command)
-    sender.send(Ready())
+    workload = contextlib.AsyncExitStack()  # open from before Ready until the worker closes
     try:
+        try:
+            await workload.enter_async_context(opened(setup.workload))
+        except Exception as exc:  # RunError, mostly: its message is the run's
+            sender.send(NotReady(str(exc) or type(exc).__name__))
+            return
+        sender.send(Ready())
         await closing.wait()
         for task in list(running.values()):
             task.cancel()
         await asyncio.gather(*running.values(), return_exceptions=True)
     finally:
+        await workload.aclose()
         loop.remove_reader(conn.fileno())
         await client.aclose()
         sender.send(Closed())
@@ -165,6 +173,7 @@ class WorkerPool:
         self._ready_event = asyncio.Event()
         self._closed_event = asyncio.Event()
         self._died_event = asyncio.Event()  # a worker ended (during start-up: it failed)
+        self._not_ready: str | None = None  # why a worker could not open the workload
 
     async def start(self) -> None:
         # spawn, not fork: the harness already runs threads (the sampler's), which fork copies badly
@@ -198,6 +207,8 @@ class WorkerPool:
         ready.cancel()
         died.cancel()
         if not self._ready_event.is_set():
+            if self._not_ready is not None:
+                raise RunError(self._not_ready)
             dead = [(i, p.exitcode) for i, p in enumerate(self._procs) if i in self._closed]
             if dead:
                 raise RunError(
@@ -246,6 +257,9 @@ class WorkerPool:
                     self._ready += 1
                     if self._ready == self.count:
                         self._ready_event.set()
+                case NotReady(error):
+                    self._not_ready = self._not_ready or error
+                    self._died_event.set()
                 case Closed():
                     await self._closed_one(index)
                 case _:

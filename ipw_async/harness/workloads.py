@@ -11,8 +11,10 @@ from ..errors import RunError
 from ..workload import DatasetError, Workload, resolve
 from ..workload.agentic import Agentic
 from ..workload.conversations import ConversationReplay, builtin_conversations, load_conversations
+from ..workload.mcp_tools import McpTools
 from ..workload.single_turn import SingleTurn
-from ..workload.tools import Toolbox, ToolLatency
+from ..workload.taskfile import load_tasks
+from ..workload.tools import FunctionTools, Toolbox, ToolLatency
 
 
 class WorkloadOptions(Protocol):
@@ -33,6 +35,9 @@ class WorkloadOptions(Protocol):
     agent_protocol: str
     max_turns: int
     task_timeout: float | None
+    tasks: Path | None
+    mcp: list[str]
+    tool_timeout: float
 
 
 def _single(config: WorkloadOptions) -> Workload:
@@ -50,15 +55,21 @@ def _single(config: WorkloadOptions) -> Workload:
 
 
 def _agentic(config: WorkloadOptions) -> Workload:
+    """The built-in tasks or --tasks FILE's, with the built-in tools run here or the tools of
+    the --mcp servers (only theirs: --mcp builtin serves the built-in ones)."""
     if config.dataset != "qa":
-        raise RunError("--workload agentic runs the built-in tool tasks; leave --dataset out")
+        raise RunError(
+            "--workload agentic runs the built-in tool tasks or those of --tasks FILE.jsonl; leave --dataset out"
+        )
+    source = McpTools(config.mcp, config.tool_timeout) if config.mcp else FunctionTools()
     return Agentic(
-        Toolbox(latency=ToolLatency.parse(config.tool_latency)),
+        Toolbox(source, ToolLatency.parse(config.tool_latency)),
         protocol=config.agent_protocol,
         endpoint=config.endpoint,
         max_turns=config.max_turns,
         task_timeout_s=config.task_timeout,
         seed=config.seed,
+        tasks=None if config.tasks is None else load_tasks(config.tasks),
     )
 
 

@@ -8,11 +8,12 @@ process. Single-turn dataset requests are the first workload.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..records import RequestRecord
 from .datasets import Dataset, DatasetError, Query, resolve
@@ -82,7 +83,9 @@ class Requests(Protocol):
 
 
 class Workload(Protocol):
-    """Yields units and knows how to perform one."""
+    """Yields units and knows how to perform one. A workload that needs something running while
+    its units are performed (the agentic workload's MCP tool servers) also has an ``opened()``
+    context: see :class:`Opens`."""
 
     name: str  # what the records' ``dataset`` column says
     scorer: str | None  # how answers are scored unless the run names a scorer
@@ -100,9 +103,24 @@ class Workload(Protocol):
         ...
 
 
+@runtime_checkable
+class Opens(Protocol):
+    """A workload's lifecycle: ``opened()`` is entered before its units are performed where they
+    are performed (this process, each worker process, each Ray actor) and left after. It may be
+    left from another task than the one that entered it (a Ray actor's calls are tasks)."""
+
+    def opened(self) -> AbstractAsyncContextManager[None]: ...
+
+
+def opened(workload: Workload) -> AbstractAsyncContextManager[None]:
+    """The workload's lifecycle (:class:`Opens`), or nothing for a workload without one."""
+    return workload.opened() if isinstance(workload, Opens) else contextlib.nullcontext()
+
+
 __all__ = [
     "Dataset",
     "DatasetError",
+    "Opens",
     "Outcome",
     "Query",
     "Requests",
@@ -110,5 +128,6 @@ __all__ = [
     "UnitCycle",
     "WorkUnit",
     "Workload",
+    "opened",
     "resolve",
 ]

@@ -1,5 +1,8 @@
 """Agentic tasks: a model solves each task over several LLM calls, calling tools between them.
 
+The tasks are the built-in ones or a task file's (:mod:`.taskfile`); the tools are the built-in
+functions run here, or those of MCP servers (:mod:`.mcp_tools`), opened with the workload.
+
 Two protocols, one loop. ``tools`` is OpenAI tool calling (``tools`` in the request, streamed
 ``tool_calls``, ``role: tool`` results), for instruct servers on /chat/completions. ``react``
 is the text protocol (``Action: tool[input]`` / ``Observation:``, few-shot, a stop sequence),
@@ -9,21 +12,23 @@ its timeout or a call fails; every call is a record, every task a line in ``task
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .._clock import NS, now_ns
+from ..errors import RunError
 from ..records import RequestRecord, Status
 from ..scoring import score
 from . import Requests, UnitCycle, WorkUnit
 from .datasets import Query
 from .tasklog import Outcome, TaskLog
 from .tasks import AgentTask, builtin_tasks
-from .tools import Toolbox, ToolResult
+from .tools import Toolbox, ToolResult, ToolSpec
 
 PROTOCOLS = ("auto", "tools", "react")
 
@@ -32,12 +37,12 @@ SYSTEM_PROMPT = (
     "When you know the final result, reply with: The answer is <answer>."
 )
 
-REACT_PREAMBLE = """Answer the question with the tools below, one action at a time.
-Tools:
-calculator[expression]: evaluates arithmetic, e.g. calculator[3 * (4 + 5)]
-lookup[key]: looks a fact up, e.g. lookup[capital of France]
-
-Question: Start with 12. Multiply it by 7, then add 5. What is the result?
+REACT_INTRO = "Answer the question with the tools below, one action at a time.\nTools:\n"
+# Few-shot examples, each shown when the tools it calls are offered (a model copies what it sees)
+REACT_EXAMPLES: tuple[tuple[frozenset[str], str], ...] = (
+    (
+        frozenset({"calculator"}),
+        """Question: Start with 12. Multiply it by 7, then add 5. What is the result?
 Thought: I multiply first.
 Action: calculator[12 * 7]
 Observation: 84
@@ -47,7 +52,11 @@ Observation: 89
 Thought: I know the answer.
 Final Answer: 89
 
-Question: Look up the atomic number of oxygen, then look up which element has that atomic number.
+""",
+    ),
+    (
+        frozenset({"lookup"}),
+        """Question: Look up the atomic number of oxygen, then look up which element has that atomic number.
 Thought: I look up the atomic number.
 Action: lookup[atomic number of oxygen]
 Observation: 8
@@ -57,11 +66,31 @@ Observation: oxygen
 Thought: I know the answer.
 Final Answer: oxygen
 
+""",
+    ),
+)
+REACT_FORMAT = """Use this format:
+Thought: what to do next
+Action: tool[input]
+Observation: the tool's result
+(Thought, Action and Observation repeat as needed)
+Final Answer: the answer
+
 """
+
+
+def react_preamble(tools: Sequence[ToolSpec]) -> str:
+    """The ReAct prompt's opening: a line per tool offered, then the examples that use only
+    those tools (the format in words where none does)."""
+    names = {t.name for t in tools}
+    examples = "".join(text for needs, text in REACT_EXAMPLES if needs <= names) or REACT_FORMAT
+    return REACT_INTRO + "".join(f"{t.react_line()}\n" for t in tools) + "\n" + examples
+
+
 REACT_STOP = "\nObservation:"
 INVALID_FORMAT = "Invalid format: reply with Action: tool[input] or Final Answer: answer."
 
-_ACTION = re.compile(r"Action:\s*([A-Za-z_]\w*)\s*\[(.*?)\]", re.DOTALL)
+_ACTION = re.compile(r"Action:\s*([A-Za-z_][\w.-]*)\s*\[(.*?)\]", re.DOTALL)  # MCP names may have - and .
 _FINAL = re.compile(r"Final Answer:\s*(.+)")
 
 
@@ -104,7 +133,12 @@ class ToolCalling:
         self.new_input = question
 
     def fields(self) -> dict[str, Any]:
-        return {"messages": self.messages, "tools": self.tool_specs}
+        # a task offered no tools sends none: some servers refuse an empty list
+        return (
+            {"messages": self.messages, "tools": self.tool_specs}
+            if self.tool_specs
+            else {"messages": self.messages}
+        )
 
     def read(self, record: RequestRecord) -> Step:
         if record.tool_calls:
@@ -137,8 +171,8 @@ class ReAct:
 
     json_arguments = False
 
-    def __init__(self, question: str, chat: bool) -> None:
-        self.prompt = f"{REACT_PREAMBLE}Question: {question}\nThought:"
+    def __init__(self, question: str, chat: bool, tools: Sequence[ToolSpec]) -> None:
+        self.prompt = f"{react_preamble(tools)}Question: {question}\nThought:"
         self.chat = chat
         self.new_input = f"Question: {question}\nThought:"
 
@@ -181,7 +215,8 @@ def protocol_for(protocol: str, endpoint: str) -> str:
 
 
 class Agentic:
-    """The built-in tool tasks (or ``tasks``), run by an agent loop per unit."""
+    """The built-in tool tasks (or ``tasks``, e.g. from a task file), run by an agent loop per
+    unit, with the tools of ``toolbox`` (functions here, or MCP servers while it is open)."""
 
     name = "agentic"
     scorer = None  # each task is scored by its own scorer
@@ -206,6 +241,26 @@ class Agentic:
         self.seed = seed
         self._by_id = {t.id: t for t in self.tasks}
         self._cycle = UnitCycle(Query(t.id, t.question, t.answer) for t in self.tasks)
+        if toolbox.tools is not None:  # known now (functions here): refused before the run starts
+            self._check_tools(toolbox.tools)
+
+    @contextlib.asynccontextmanager
+    async def opened(self) -> AsyncIterator[None]:
+        """Its tools ready while units are performed: MCP servers started and listed."""
+        async with self.toolbox.opened():
+            self._check_tools(self.toolbox.tools or {})
+            yield
+
+    def _check_tools(self, tools: dict[str, ToolSpec]) -> None:
+        """RunError for a task that names a tool, or whose plan calls one, that is not offered."""
+        for task in self.tasks:
+            for name in (*(task.tools or ()), *(step.tool for step in task.plan)):
+                if name not in tools:
+                    where = task.source or f"built-in task {task.id}"
+                    hint = "" if task.source else " (--mcp builtin serves the built-in tools)"
+                    raise RunError(
+                        f"{where}: unknown tool {name!r}; tools: {', '.join(tools) or 'none'}{hint}"
+                    )
 
     def size(self) -> int:
         return len(self.tasks)
@@ -214,21 +269,30 @@ class Agentic:
         return self._cycle.units(count, warmup)
 
     def _conversation(self, task: AgentTask) -> ToolCalling | ReAct:
+        tools = self.toolbox.offered(task.tools)
         if self.protocol == "tools":
-            return ToolCalling(task.question, self.toolbox.specs())
-        return ReAct(task.question, self.chat)
+            return ToolCalling(task.question, [t.openai() for t in tools])
+        return ReAct(task.question, self.chat, tools)
 
     async def perform(self, unit: WorkUnit, requests: Requests, scheduled_ns: int) -> None:
         task = self._by_id[unit.query.id]
         t0 = requests.t0_ns
         log = TaskLog(
-            unit.unit_id, task.id, self.name, unit.warmup, task.question, task.answer, scheduled_ns - t0
+            unit.unit_id,
+            task.id,
+            self.name,
+            unit.warmup,
+            task.question,
+            task.answer,
+            scheduled_ns - t0,
+            subject=task.subject,
+            metadata=task.metadata,
         )
         conversation = self._conversation(task)
         rng = random.Random(f"{self.seed}:{unit.unit_id}")  # tool latencies, reproducible per task
         deadline = None if self.task_timeout_s is None else now_ns() + int(self.task_timeout_s * NS)
         with requests.task(log):
-            for turn in range(self.max_turns):
+            for turn in range(task.max_turns or self.max_turns):
                 if deadline is not None and now_ns() > deadline:
                     log.end(Outcome.TIMEOUT, t0)
                     return
@@ -253,6 +317,7 @@ class Agentic:
                         t0_ns=t0,
                         json_arguments=conversation.json_arguments,
                         call_id=call_id,
+                        offered=task.tools,
                     )
                     for name, arguments, call_id in step.calls
                 ]

@@ -39,6 +39,8 @@ class TaskLog:
     answer: str | None = None
     correct: bool | None = None
     ended_ns: int | None = None
+    subject: str | None = None  # a task file's, as given
+    metadata: dict[str, Any] | None = None
 
     def turn(self, record: RequestRecord, think_s: float | None = None) -> None:
         """A turn's LLM call, logged as it starts (so a cancelled call is still in the task),
@@ -75,5 +77,7 @@ class TaskLog:
             "outcome": None if self.outcome is None else str(self.outcome),
             "scheduled_ns": self.scheduled_ns,
             "ended_ns": self.ended_ns,
+            "subject": self.subject,
+            "metadata": self.metadata,
             "turns": self.turns,
         }

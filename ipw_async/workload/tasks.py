@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from .datasets._qa_facts import ATOMIC_NUMBERS, CAPITALS, MOUNTAINS
 from .tools import BUILTIN_TOOLS
@@ -27,11 +28,19 @@ class ToolStep:
 
 @dataclass(frozen=True)
 class AgentTask:
+    """A task: its question, the reference answer (None: unscored) and how answers are scored;
+    a built-in task's plan; a task file's options and where in the file it is."""
+
     id: str
     question: str
-    answer: str
+    answer: str | None
     scorer: str
-    plan: tuple[ToolStep, ...]
+    plan: tuple[ToolStep, ...] = ()
+    tools: tuple[str, ...] | None = None  # the tools it is offered (None: every one)
+    max_turns: int | None = None  # instead of the run's --max-turns
+    subject: str | None = None
+    metadata: dict[str, Any] | None = None  # carried into tasks.jsonl as given
+    source: str | None = None  # "FILE line N" for a task file's: where errors point
 
     @property
     def turns(self) -> int:

@@ -1,20 +1,24 @@
-"""Tools an agent may call: real Python functions the harness runs, each call timed.
+"""Tools an agent may call, each call timed: the built-in Python functions run here, or the
+tools of MCP servers (:mod:`.mcp_tools`), behind one :class:`Toolbox`.
 
-A tool takes one string and returns one string; a :class:`ToolError` is the tool refusing its
-input, and its message goes back to the model as the result. ``--tool-latency`` adds a drawn
-wait to every call, to emulate tools that live across a network.
+A built-in tool takes one string and returns one string; a :class:`ToolError` is a tool
+refusing its input (or a call failing), and its message goes back to the model as the result.
+``--tool-latency`` adds a drawn wait to every call, to emulate tools that live across a network.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import math
 import operator
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import anyio
 
@@ -101,37 +105,83 @@ def lookup(key: str) -> str:
 
 
 @dataclass(frozen=True)
+class ToolSpec:
+    """A tool as the model is offered it: what it does, the JSON Schema of its arguments, and
+    the MCP server it lives on (None: a function run in this process)."""
+
+    name: str
+    description: str
+    schema: dict[str, Any]
+    server: str | None = None
+
+    def openai(self) -> dict[str, object]:
+        """The OpenAI tool-calling description."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.schema},
+        }
+
+    @property
+    def properties(self) -> dict[str, Any]:
+        found = self.schema.get("properties")
+        return found if isinstance(found, dict) else {}
+
+    def react_line(self) -> str:
+        """How a ReAct prompt lists it: ``name[input]: description``."""
+        names = list(self.properties)
+        what = names[0] if len(names) == 1 else f"JSON object of {', '.join(names)}" if names else ""
+        return f"{self.name}[{what}]: {self.description}"
+
+    def arguments(self, text: str, json_arguments: bool) -> dict[str, Any]:
+        """A call's arguments as an object: tool calling's JSON, or a ReAct action's input (the
+        argument of a one-argument tool; a JSON object otherwise). ToolError when malformed."""
+        properties = self.properties
+        if not json_arguments and len(properties) <= 1:
+            return {name: _as_type(text.strip(), schema) for name, schema in properties.items()}
+        try:
+            parsed = json.loads(text or "{}")
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise ToolError(f"arguments must be a JSON object, got {text[:80]!r}")
+        return parsed
+
+
+def _as_type(text: str, schema: object) -> object:
+    """A ReAct input for an argument that is not a string (a number, say): its JSON value."""
+    if isinstance(schema, dict) and schema.get("type", "string") != "string":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            pass  # the server's schema check tells the model what it expected
+    return text
+
+
+@dataclass(frozen=True)
 class Tool:
+    """A Python function as a tool: one text argument in, text out."""
+
     name: str
     description: str
     parameter: str  # the one argument's name in the tool-calling schema
     run: Callable[[str], str]
     blocking: bool = False  # run in a worker thread, off the event loop
 
-    def spec(self) -> dict[str, object]:
-        """The OpenAI tool-calling description of this tool."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": {
-                    "type": "object",
-                    "properties": {self.parameter: {"type": "string"}},
-                    "required": [self.parameter],
-                },
-            },
+    def spec(self) -> ToolSpec:
+        """How it is offered (by this process, or by the built-in MCP server)."""
+        schema = {
+            "type": "object",
+            "properties": {self.parameter: {"type": "string"}},
+            "required": [self.parameter],
         }
+        return ToolSpec(self.name, self.description, schema)
 
-    def argument(self, arguments: str) -> str:
-        """The argument from a tool call's JSON ``arguments``; raises ToolError when malformed."""
-        try:
-            parsed = json.loads(arguments or "{}")
-        except json.JSONDecodeError:
-            raise ToolError(f"arguments are not JSON: {arguments[:80]!r}") from None
-        if isinstance(parsed, dict) and isinstance(parsed.get(self.parameter), str | int | float):
-            return str(parsed[self.parameter])
-        raise ToolError(f"expected {{{self.parameter!r}: string}}, got {arguments[:80]!r}")
+    def call(self, arguments: dict[str, Any]) -> str:
+        """Run it on a call's arguments; ToolError when its argument is missing or not text."""
+        value = arguments.get(self.parameter)
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ToolError(f"expected {{{self.parameter!r}: string}}, got {json.dumps(arguments)[:80]}")
+        return self.run(str(value))
 
 
 BUILTIN_TOOLS: dict[str, Tool] = {
@@ -188,6 +238,8 @@ class ToolResult:
     latency_s: float  # measured, the emulated wait included
     started_ns: int  # on the run clock
     call_id: str | None = None
+    server: str | None = None  # the MCP server's label; None: run in this process
+    error: str | None = None  # why it failed, on one line
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -197,18 +249,83 @@ class ToolResult:
             "ok": self.ok,
             "latency_s": self.latency_s,
             "started_ns": self.started_ns,
+            "server": self.server,
+            "result_bytes": self.result_bytes,
+            "error": self.error,
         }
+
+    @property
+    def result_bytes(self) -> int:
+        """The size of what the model is sent (UTF-8 bytes)."""
+        return len(self.output.encode())
+
+
+class ToolSource(Protocol):
+    """Where tools run: Python functions here (:class:`FunctionTools`) or MCP servers
+    (:class:`~.mcp_tools.McpTools`)."""
+
+    @property
+    def tools(self) -> dict[str, ToolSpec] | None:
+        """What it offers, by name; None until it is opened, where it must be asked."""
+        ...
+
+    def opened(self) -> AbstractAsyncContextManager[None]:
+        """While open, its tools can be called (servers started and asked for their tools)."""
+        ...
+
+    async def run(self, name: str, arguments: dict[str, Any]) -> str:
+        """The text tool ``name`` returns; ToolError with the reason when the call failed."""
+        ...
+
+
+class FunctionTools:
+    """Tools that are Python functions, run in this process (the default: the built-in ones)."""
+
+    def __init__(self, functions: dict[str, Tool] | None = None) -> None:
+        self.functions = BUILTIN_TOOLS if functions is None else functions
+        self.tools: dict[str, ToolSpec] | None = {name: t.spec() for name, t in self.functions.items()}
+
+    def opened(self) -> AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()
+
+    async def run(self, name: str, arguments: dict[str, Any]) -> str:
+        tool = self.functions[name]
+        if tool.blocking:
+            return await anyio.to_thread.run_sync(tool.call, arguments)
+        return tool.call(arguments)
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line, at most ``limit`` characters: a failure's reason in a log."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 class Toolbox:
-    """Runs tool calls by name, timing each one on the run clock."""
+    """Runs tool calls by name from its source, timing each one on the run clock."""
 
-    def __init__(self, tools: dict[str, Tool] | None = None, latency: ToolLatency | None = None) -> None:
-        self.tools = BUILTIN_TOOLS if tools is None else tools
+    def __init__(
+        self, tools: dict[str, Tool] | ToolSource | None = None, latency: ToolLatency | None = None
+    ) -> None:
+        """``tools``: Python functions by name (default: the built-in ones), or a source such as
+        :class:`~.mcp_tools.McpTools`."""
+        self.source: ToolSource = FunctionTools(tools) if tools is None or isinstance(tools, dict) else tools
         self.latency = latency or ToolLatency()
 
-    def specs(self) -> list[dict[str, object]]:
-        return [t.spec() for t in self.tools.values()]
+    @property
+    def tools(self) -> dict[str, ToolSpec] | None:
+        """The tools by name; None until :meth:`opened` where the source must be asked."""
+        return self.source.tools
+
+    def opened(self) -> AbstractAsyncContextManager[None]:
+        return self.source.opened()
+
+    def offered(self, names: Sequence[str] | None = None) -> list[ToolSpec]:
+        """The tools a task is offered: those ``names`` (its own list), or every one."""
+        tools = self.tools
+        if tools is None:
+            raise RuntimeError("the toolbox is not open: perform units inside the workload's opened()")
+        return list(tools.values()) if names is None else [tools[n] for n in names]
 
     async def call(
         self,
@@ -219,24 +336,26 @@ class Toolbox:
         t0_ns: int,
         json_arguments: bool,
         call_id: str | None = None,
+        offered: Sequence[str] | None = None,
     ) -> ToolResult:
-        """Run one call; a failure of any kind is a result the model sees, never an exception."""
+        """Run one call of a tool among ``offered`` (default: all); a failure of any kind is a
+        result the model sees, never an exception."""
         start = now_ns()
         perf = time.perf_counter()
-        ok = True
+        tools = self.tools or {}
+        spec = tools.get(name) if offered is None or name in offered else None
+        error = None
         try:
-            tool = self.tools.get(name)
-            if tool is None:
-                raise ToolError(f"unknown tool {name!r}; tools: {', '.join(self.tools)}")
-            argument = tool.argument(arguments) if json_arguments else arguments
-            if tool.blocking:
-                output = await anyio.to_thread.run_sync(tool.run, argument)
-            else:
-                output = tool.run(argument)
+            if spec is None:
+                names = tools if offered is None else offered
+                raise ToolError(f"unknown tool {name!r}; tools: {', '.join(names) or 'none'}")
+            output = await self.source.run(name, spec.arguments(arguments, json_arguments))
         except ToolError as exc:
-            ok, output = False, f"error: {exc}"
+            error = str(exc)
         except Exception as exc:  # a tool's own bug is the task's tool error, not the run's
-            ok, output = False, f"error: {type(exc).__name__}: {exc}"
+            error = f"{type(exc).__name__}: {exc}"
+        if error is not None:
+            output = f"error: {error}"
         wait = self.latency.draw(rng)
         if wait > 0:
             await anyio.sleep(wait)
@@ -244,11 +363,24 @@ class Toolbox:
             name=name,
             arguments=arguments,
             output=output,
-            ok=ok,
+            ok=error is None,
             latency_s=time.perf_counter() - perf,
             started_ns=start - t0_ns,
             call_id=call_id,
+            server=None if spec is None else spec.server,
+            error=None if error is None else one_line(error),
         )
 
 
-__all__ = ["BUILTIN_TOOLS", "KNOWLEDGE", "Tool", "ToolError", "ToolLatency", "ToolResult", "Toolbox"]
+__all__ = [
+    "BUILTIN_TOOLS",
+    "KNOWLEDGE",
+    "FunctionTools",
+    "Tool",
+    "ToolError",
+    "ToolLatency",
+    "ToolResult",
+    "ToolSource",
+    "ToolSpec",
+    "Toolbox",
+]
