@@ -56,13 +56,17 @@ def base(out: Path, seed: int, n: int, engine: EngineConfig = ENGINE) -> RunConf
     )
 
 
-def fine_sweep(root: Path, max_c: int, n: int) -> tuple[float | None, list[float]]:
+def fine_sweep(root: Path, max_c: int, n: int, seeds: int) -> tuple[float | None, list[float]]:
+    """Every concurrency, run once per seed and pooled: the boundary a search's repeats estimate,
+    with less of one run's noise in it than any search has."""
     loads, tightest = [], []
     for c in range(1, max_c + 1):
-        config = base(root / f"sweep_c{c}", 0, n)
-        config.concurrency = c
-        result = asyncio.run(run_benchmark(config))
-        point, _ = margins([SLO], result.records, seed=c)
+        runs = []
+        for seed in range(seeds):
+            config = base(root / f"sweep_c{c}_s{seed}", 1000 + seed, n)
+            config.concurrency = c
+            runs.append(asyncio.run(run_benchmark(config)).records)
+        point, _ = margins([SLO], runs, seed=c)
         loads.append(float(c))
         tightest.append(float(point[0]))
     found = boundary(np.array(loads), np.array(tightest))
@@ -118,12 +122,15 @@ def oversaturation(root: Path, quiet_runs: int) -> None:
 
 def accuracy(root: Path, args: argparse.Namespace) -> None:
     t = time.perf_counter()
-    truth, tightest = fine_sweep(root, args.max_c, args.sweep_n)
-    print(f"fine sweep: c = 1..{args.max_c}, {args.sweep_n} requests each, {time.perf_counter() - t:.0f} s")
+    truth, tightest = fine_sweep(root, args.max_c, args.sweep_n, args.sweep_seeds)
+    print(
+        f"fine sweep: c = 1..{args.max_c}, {args.sweep_seeds} × {args.sweep_n} requests each, "
+        f"{time.perf_counter() - t:.0f} s"
+    )
     print("  margins: " + ", ".join(f"{m:+.2f}" for m in tightest))
     if truth is None:
         raise SystemExit("the fine sweep found no boundary: widen --max-c")
-    print(f"  the sweep's boundary: c = {truth:.2f} ({args.max_c} runs)")
+    print(f"  the sweep's boundary: c = {truth:.2f} ({args.max_c} loads)")
     if not args.searches:
         return
     t = time.perf_counter()
@@ -136,7 +143,7 @@ def accuracy(root: Path, args: argparse.Namespace) -> None:
         f"searches: {len(found)} in {time.perf_counter() - t:.0f} s; within 10% of the sweep: "
         f"{within}/{len(found)}; median |error| {statistics.median(errors) if errors else float('nan'):.1%}; "
         f"probes median {statistics.median(probes):.0f}, max {max(probes)} "
-        f"× {args.repeats} run(s) each (the sweep: {args.max_c} runs); interval holds the sweep's boundary: {covered}/{len(found)}"
+        f"× {args.repeats} run(s) each (the sweep: {args.max_c} loads); interval holds the sweep's boundary: {covered}/{len(found)}"
     )
 
 
@@ -146,6 +153,7 @@ def main() -> None:
     )
     parser.add_argument("--max-c", type=int, default=32)
     parser.add_argument("--sweep-n", type=int, default=160)
+    parser.add_argument("--sweep-seeds", type=int, default=3, help="runs pooled per load in the sweep")
     parser.add_argument("--search-n", type=int, default=80)
     parser.add_argument("--searches", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=1, help="runs per probe")

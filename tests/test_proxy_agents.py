@@ -12,14 +12,15 @@ import asyncio
 import json
 from pathlib import Path
 
+import agents
+import httpx
 import polars as pl
 import pytest
+from openai import AsyncOpenAI
 
 from ipw_async.harness import RunConfig
 from ipw_async.proxy import TASK_HEADER, run_proxy
 from ipw_async.workload.tools import ToolError, lookup
-
-agents = pytest.importorskip("agents")
 
 QUESTIONS = {
     "france": ("What is the capital of France? Use the lookup tool.", "Paris"),
@@ -38,8 +39,6 @@ def knowledge(key: str) -> str:
 
 
 async def _solve(url: str, name: str, question: str, streamed: bool) -> str:
-    from openai import AsyncOpenAI
-
     client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
     agent = agents.Agent(
         name="solver",
@@ -57,8 +56,6 @@ async def _solve(url: str, name: str, question: str, streamed: bool) -> str:
 
 
 async def test_an_agent_framework_through_the_proxy_gets_joules_per_task(tmp_path: Path) -> None:
-    import httpx
-
     agents.set_tracing_disabled(True)
     config = RunConfig(output_dir=tmp_path / "run", baseline_s=0.5, tail_s=0.2, duration=120, seed=3)
     ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -71,7 +68,8 @@ async def test_an_agent_framework_through_the_proxy_gets_joules_per_task(tmp_pat
     async with httpx.AsyncClient(timeout=10) as http:
         for (name, (_, reference)), answer in zip(QUESTIONS.items(), answers, strict=True):
             ended = await http.post(
-                f"{url.removesuffix('/v1')}/ipw/tasks/{name}/end", json={"answer": answer, "reference": reference}
+                f"{url.removesuffix('/v1')}/ipw/tasks/{name}/end",
+                json={"answer": answer, "reference": reference},
             )
             assert ended.status_code == 200, ended.text
     run.cancel()
