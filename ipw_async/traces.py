@@ -27,6 +27,9 @@ class ToolCall:
     ok: bool = True
     arguments: str | None = None
     output: str | None = None
+    server: str | None = None  # the MCP server that ran it (None: in this process)
+    result_bytes: int | None = None
+    error: str | None = None  # why it failed, in one line
 
 
 @dataclass
@@ -228,7 +231,16 @@ def traces_from_tasks(
             turn = _turn(row, prices, logged["turn_index"])
             turn.think_s = logged.get("think_s")
             turn.tools_called = [
-                ToolCall(t["name"], t["latency_s"], t["ok"], t.get("arguments"), t.get("output"))
+                ToolCall(
+                    t["name"],
+                    t["latency_s"],
+                    t["ok"],
+                    t.get("arguments"),
+                    t.get("output"),
+                    t.get("server"),
+                    t.get("result_bytes"),
+                    t.get("error"),
+                )
                 for t in logged["tools"]
             ]
             think += turn.think_s or 0.0

@@ -19,6 +19,7 @@ import polars as pl
 import pytest
 
 from ipw_async import RunError, run_benchmark
+from ipw_async.traces import QueryTrace
 from ipw_async.workload.agentic import react_preamble
 from ipw_async.workload.mcp_tools import McpServer, McpTools
 from ipw_async.workload.tasks import builtin_tasks
@@ -213,6 +214,15 @@ async def test_a_tool_error_is_a_result_the_model_sees_and_the_task_goes_on(
     # the model was told and went on: it answered (wrongly) or ran out of turns
     assert {t["outcome"] for t in tasks} <= {"answered", "max_turns"} and not any(t["correct"] for t in tasks)
     assert result.complete
+    # the traces carry each call's server, size and reason
+    traced = [
+        c
+        for t in QueryTrace.load_jsonl(result.run_dir / "traces.jsonl")
+        for u in t.turns
+        for c in u.tools_called
+    ]
+    assert len(traced) == len(calls) and {c.server for c in traced} == {"python srv.py"}
+    assert all(c.error == calls[0]["error"] and c.result_bytes == len(c.output.encode()) for c in traced)
 
 
 async def test_a_call_past_the_tool_timeout_is_an_error_and_the_run_goes_on(
