@@ -32,7 +32,8 @@ COMPLETION = (
     b'{"id":"c2","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",'
     b'"content":null,"tool_calls":[{"id":"call_0","type":"function","function":{"name":"lookup",'
     b'"arguments":"{\\"key\\": \\"capital of France\\"}"}}]},"finish_reason":"tool_calls"}],'
-    b'"usage":{"prompt_tokens":30,"completion_tokens":7,"total_tokens":37}}'
+    b'"usage":{"prompt_tokens":30,"completion_tokens":7,"total_tokens":37,'
+    b'"prompt_tokens_details":{"cached_tokens":16}}}'
 )
 KEY = "sk-proxy-secret-0123456789"
 
@@ -44,11 +45,13 @@ class Upstream:
     def __init__(self) -> None:
         self.authorizations: list[str | None] = []
         self.request_ids: list[str | None] = []
+        self.bodies: list[dict[str, Any]] = []
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self.authorizations.append(request.headers.get("authorization"))
         self.request_ids.append(request.headers.get("x-ipw-request-id"))
         body = await request.json()
+        self.bodies.append(body)
         if not body.get("stream"):
             return web.Response(body=COMPLETION, content_type="application/json")
         response = web.StreamResponse(headers={"content-type": "text/event-stream", "x-upstream": "yes"})
@@ -145,8 +148,44 @@ async def test_streaming_and_whole_responses_pass_through_unchanged_and_are_reco
     # a whole completion: its tokens and tool call, and no time to first token (never 0)
     assert json_call["status"] == "ok" and json_call["ttft_s"] is None
     assert json_call["output_tokens"] == 7 and json_call["finish_reason"] == "tool_calls"
+    assert json_call["prompt_tokens"] == 30 and json_call["cached_prompt_tokens"] == 16
     assert json_call["stream_time_s"] > 0
     assert script.request_ids == [str(stream["request_id"]), str(json_call["request_id"])]
+    # the streamed call asked the upstream for its token counts; the whole one went as sent
+    assert script.bodies[0]["stream_options"] == {"include_usage": True}
+    assert "stream_options" not in script.bodies[1]
+
+
+@pytest.mark.parametrize(
+    ("sent_options", "stream_usage", "upstream_got"),
+    [
+        ({"include_usage": False}, True, {"include_usage": False}),  # the caller said: kept
+        ({"continuous_usage_stats": True}, True, {"continuous_usage_stats": True, "include_usage": True}),
+        (None, False, None),  # --no-stream-usage: the body as sent
+    ],
+)
+async def test_a_streamed_call_asks_for_usage_only_where_its_caller_left_it_open(
+    tmp_path: Path,
+    upstream: tuple[Upstream, str],
+    sent_options: dict[str, bool] | None,
+    stream_usage: bool,
+    upstream_got: dict[str, bool] | None,
+) -> None:
+    script, base = upstream
+    body: dict[str, Any] = {
+        "model": "scripted",
+        "messages": [{"role": "user", "content": "Q"}],
+        "stream": True,
+    }
+    if sent_options is not None:
+        body["stream_options"] = sent_options
+
+    async def agent(url: str) -> None:
+        async with httpx.AsyncClient(timeout=10) as http:
+            (await http.post(f"{url}/chat/completions", json=body)).raise_for_status()
+
+    await _through_proxy(_config(tmp_path, base), agent, stream_usage=stream_usage)
+    assert script.bodies[0].get("stream_options") == upstream_got
 
 
 async def test_a_task_header_groups_calls_and_the_end_call_scores_the_answer(

@@ -66,6 +66,15 @@ PROXY_PARAMETERS = [
     _option(
         "max_connections", 256, int, "Connections the proxy may open to the upstream.", "--max-connections"
     ),
+    _option(
+        "stream_usage",
+        True,
+        bool,
+        "Ask the upstream for each streamed call's token counts when the caller did not say "
+        "(stream_options.include_usage): its energy is then split by tokens, and the caller gets "
+        "OpenAI's last usage event with no choices. --no-stream-usage forwards bodies as sent.",
+        "--stream-usage/--no-stream-usage",
+    ),
     *(p for p in RUN_PARAMETERS if p.name in _KEPT and p not in DISPLAY_PARAMETERS),
     *DISPLAY_PARAMETERS,
 ]
@@ -94,6 +103,7 @@ def proxy(**options: Any) -> None:
         port=options["port"],
         max_connections=options["max_connections"],
         ready=ready,
+        stream_usage=options["stream_usage"],
     )
     display = display_for(not options["no_dashboard"], options["quiet"])
     exports, judging = Exports.from_options(options), Judging.from_options(options)

@@ -43,22 +43,22 @@ class _Details(msgspec.Struct, gc=False):
     cached_tokens: int | None = None
 
 
-class _Usage(msgspec.Struct, gc=False):
+class Usage(msgspec.Struct, gc=False):
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
     prompt_tokens_details: _Details | None = None
 
 
-class _Timings(msgspec.Struct, gc=False):  # llama.cpp's own account of the request
+class Timings(msgspec.Struct, gc=False):  # llama.cpp's own account of the request
     prompt_ms: float | None = None
     predicted_per_token_ms: float | None = None
 
 
 class _Event(msgspec.Struct, gc=False):
     choices: list[_Choice] | None = None
-    usage: _Usage | None = None
+    usage: Usage | None = None
     error: Any = None
-    timings: _Timings | None = None
+    timings: Timings | None = None
     ipw_tokens: int = 1  # the simulator's tokens per chunk
     ipw_sent_ns: int | None = None  # the simulator's send stamp
 
@@ -111,7 +111,9 @@ class StreamParser:
         if raw[:6] == b"data: " and b"\n" not in raw:  # the common case: one data line
             data = raw[6:]
         else:
-            data = b"\n".join(line[5:].removeprefix(b" ") for line in raw.split(b"\n") if line[:5] == b"data:")
+            data = b"\n".join(
+                line[5:].removeprefix(b" ") for line in raw.split(b"\n") if line[:5] == b"data:"
+            )
         if not data:
             return  # comments, keep-alives, event: lines without data
         if data == b"[DONE]":
@@ -162,18 +164,7 @@ class StreamParser:
         if event.error is not None:
             fail(record, ErrorType.STREAM, error_message(data))
             return True
-        if event.timings is not None:
-            record.server_prompt_ms = event.timings.prompt_ms
-            record.server_tpot_ms = event.timings.predicted_per_token_ms
-        usage = event.usage
-        if usage is not None:
-            if usage.completion_tokens is not None:
-                record.usage_output_tokens = usage.completion_tokens
-            if usage.prompt_tokens is not None:
-                record.prompt_tokens = usage.prompt_tokens
-            details = usage.prompt_tokens_details
-            if details is not None and details.cached_tokens is not None:
-                record.cached_prompt_tokens = details.cached_tokens
+        read_usage(record, event.usage, event.timings)
         return False
 
     def close(self) -> None:
@@ -184,6 +175,22 @@ class StreamParser:
         if not self.done and record.finish_reason is None and record.status is Status.OK:
             said = "sent no event" if record.first_event_ns is None else "ended before it said it was done"
             fail(record, ErrorType.DISCONNECT, f"the stream {said}")
+
+
+def read_usage(record: RequestRecord, usage: Usage | None, timings: Timings | None) -> None:
+    """A response's account of itself into ``record``: its token counts, cached prompt tokens
+    included (the energy model charges prefill only for the rest), and llama.cpp's timings."""
+    if timings is not None:
+        record.server_prompt_ms = timings.prompt_ms
+        record.server_tpot_ms = timings.predicted_per_token_ms
+    if usage is not None:
+        if usage.completion_tokens is not None:
+            record.usage_output_tokens = usage.completion_tokens
+        if usage.prompt_tokens is not None:
+            record.prompt_tokens = usage.prompt_tokens
+        details = usage.prompt_tokens_details
+        if details is not None and details.cached_tokens is not None:
+            record.cached_prompt_tokens = details.cached_tokens
 
 
 def _add_tool_calls(record: RequestRecord, deltas: list[_ToolCall]) -> None:

@@ -273,7 +273,7 @@ def local_cluster(nodes: int = 2, cpus_per_node: int = 1) -> Iterator[str]:
         for proc in ours:
             with contextlib.suppress(psutil.Error):
                 proc.terminate()
-        _, alive = psutil.wait_procs(ours, timeout=10)
+        _, alive = psutil.wait_procs(ours, timeout=3)
         for proc in alive:
             with contextlib.suppress(psutil.Error):
                 proc.kill()

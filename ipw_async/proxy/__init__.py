@@ -42,13 +42,16 @@ async def run_proxy(
     port: int = 8800,
     max_connections: int = 256,
     ready: Callable[[str], None] | None = None,
+    stream_usage: bool = True,
 ) -> RunResult:
     """Serve the recording proxy in front of ``config.base_url`` (the built-in simulator when
     None) until ``config.duration`` or Ctrl-C, then finish the run directory; ``ready`` hears
-    the proxy's base URL once it listens (after the idle baseline)."""
+    the proxy's base URL once it listens (after the idle baseline). ``stream_usage``: streamed
+    calls that do not say otherwise ask the upstream for their token counts, so their energy
+    is split by tokens as a run's own are; their callers then get OpenAI's last usage event."""
     # the pool to the upstream is the run's "concurrency"; nothing is warmed up or scheduled
     config = dataclasses.replace(config, concurrency=max_connections, rate=None, warmup=0, workers="1")
-    return await run_benchmark(config, display, ProxyCalls(), RecordingProxy(host, port, ready))
+    return await run_benchmark(config, display, ProxyCalls(), RecordingProxy(host, port, ready, stream_usage))
 
 
 __all__ = ["TASK_HEADER", "ProxyCalls", "RecordingProxy", "run_proxy"]

@@ -12,7 +12,7 @@ import msgspec
 
 from ..client import ClientConfig, EventStream, StreamParser
 from ..client._client import transport_failed
-from ..client._events import error_message, fail
+from ..client._events import Timings, Usage, error_message, fail, read_usage
 from ..records import ErrorType, RequestRecord
 from ..transport import ConnectionPool, Exchange
 
@@ -45,14 +45,10 @@ class _Choice(msgspec.Struct):
     finish_reason: str | None = None
 
 
-class _Usage(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-
-
 class _Completion(msgspec.Struct):
     choices: list[_Choice] = []
-    usage: _Usage | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
 
 
 _completion = msgspec.json.Decoder(_Completion).decode
@@ -60,7 +56,7 @@ _completion = msgspec.json.Decoder(_Completion).decode
 
 def read_completion(record: RequestRecord, body: bytes) -> None:
     """A whole (non-streaming) completion into ``record``: its text, tool calls, finish reason
-    and token counts; it has no time to first token."""
+    and token counts as a stream's are read; it has no time to first token."""
     try:
         completion = _completion(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -82,9 +78,29 @@ def read_completion(record: RequestRecord, body: bytes) -> None:
                 }
             )
         record.finish_reason = choice.finish_reason
-    if completion.usage is not None:
-        record.prompt_tokens = completion.usage.prompt_tokens
-        record.usage_output_tokens = completion.usage.completion_tokens
+    read_usage(record, completion.usage, completion.timings)
+
+
+def asking_usage(body: bytes) -> bytes:
+    """A streamed call's body asking the upstream for its token counts (OpenAI's
+    ``stream_options.include_usage``: a last event with ``usage`` and no choices), which its
+    energy needs; a call that says either way itself, or is not streamed, goes as it came."""
+    try:
+        payload = _json(body)
+    except msgspec.DecodeError:
+        return body  # the upstream's to refuse
+    if not isinstance(payload, dict) or payload.get("stream") is not True:
+        return body
+    options = payload.get("stream_options")
+    if options is None:
+        options = {}
+    if not isinstance(options, dict) or "include_usage" in options:
+        return body
+    payload["stream_options"] = options | {"include_usage": True}
+    return msgspec.json.encode(payload)
+
+
+_json = msgspec.json.Decoder().decode
 
 
 def _passed_back(exchange: Exchange) -> list[tuple[str, str]]:

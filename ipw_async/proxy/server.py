@@ -25,7 +25,7 @@ from ..harness.ledger import RunLedger
 from ..records import ErrorType, RequestRecord, Status
 from ..scoring import SCORERS, score
 from ..workload import Outcome, TaskLog
-from .relay import CallerGone, Relay
+from .relay import CallerGone, Relay, asking_usage
 
 TASK_HEADER = "x-ipw-task"
 RECORDED = frozenset({"chat/completions", "completions"})
@@ -40,14 +40,20 @@ class _Task:
 
 class RecordingProxy:
     """Serves on ``host:port`` while the run measures (a :class:`~ipw_async.harness.live.CallSource`);
-    ``ready`` hears the proxy's base URL once it listens."""
+    ``ready`` hears the proxy's base URL once it listens. With ``stream_usage``, a streamed call
+    that does not say whether it wants usage asks the upstream for it (see :func:`asking_usage`)."""
 
     label = "proxy"
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, ready: Callable[[str], None] | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ready: Callable[[str], None] | None = None,
+        stream_usage: bool = True,
     ) -> None:
         self.host = host
+        self.stream_usage = stream_usage
         self.port = port
         self.ready = ready
         self.url: str | None = None
@@ -135,7 +141,8 @@ class RecordingProxy:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
     ) -> web.StreamResponse:
-        opened = await self.relay.open(record, request.method.encode(), path, headers, body)
+        sent = asking_usage(body) if self.stream_usage else body
+        opened = await self.relay.open(record, request.method.encode(), path, headers, sent)
         if opened is None:  # no answer from upstream: the caller gets the reason, as a server error
             error = {"error": {"message": record.error_message, "type": "upstream_unreachable"}}
             return web.json_response(error, status=502)
