@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import polars as pl
 import pytest
 
 from ipw_async import RunError, run_benchmark
@@ -289,8 +288,14 @@ async def test_a_server_that_cannot_start_stops_the_run_before_it_measures(
         with pytest.raises(RunError, match=message) as caught:
             await run_benchmark(agentic(tmp_path / str(k), mcp=mcp))
         assert "\n" not in str(caught.value)
-        records = tmp_path / str(k) / "run" / "records.arrow"
-        assert not records.exists() or pl.read_ipc_stream(records).height == 0  # nothing was sent
+        # nothing was measured: the directory the run made is gone, so the same command runs
+        # again once fixed (not "already holds a run")
+        assert not (tmp_path / str(k) / "run").exists()
+    mine = tmp_path / "mine" / "run"  # a directory the user made is kept, emptied of the run's files
+    mine.mkdir(parents=True)
+    with pytest.raises(RunError):
+        await run_benchmark(agentic(tmp_path / "mine", mcp=[cases[0][0][0]]))
+    assert mine.is_dir() and not any(mine.iterdir())
 
 
 async def test_without_the_sdk_the_run_says_how_to_install_it(

@@ -28,7 +28,7 @@ from ..client import ClientConfig, StreamingClient
 from ..errors import RunAborted, RunError
 from ..load import LoadSpec, drive
 from ..results import RunResult, finalize
-from ..rundir.manifest import Manifest, RunDirError, default_run_dir, prepare
+from ..rundir.manifest import Manifest, RunDirError, default_run_dir, discard, prepare
 from ..rundir.writer import RunWriter
 from ..state import MeterState, Phase, RunState
 from ..stats import distribution
@@ -150,6 +150,7 @@ class _LiveRun:
         self.display = display
         self.resume = resume
         self.run_dir: Path | None = None
+        self.unstarted: tuple[Path, bool] | None = None  # a fresh run's directory until it measures
         self.interrupted: BaseException | None = None
         self.abort = Abort()  # the first reason the run stopped early for
         self.complete = False
@@ -166,6 +167,16 @@ class _LiveRun:
             self.display.note(message)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        except RunError:
+            # it stopped before measuring (an MCP server or a worker that did not start): no
+            # half-made directory stands in the way of the same command once fixed
+            if self.unstarted is not None:
+                discard(*self.unstarted)
+            raise
+
+    async def _run(self) -> None:
         config = self.config
         # before the simulator starts: it inherits the limit, and serves as many connections
         if note := ensure_open_files(self.spec.pool_size):
@@ -186,7 +197,9 @@ class _LiveRun:
             )
             resume = self.resume
             if resume is None:
+                created = not run_dir.exists()
                 prepare(run_dir, config.overwrite)
+                self.unstarted = (run_dir, created)
             else:
                 self._note(
                     f"resuming {run_dir} as session {resume.session}: {len(resume.done_units)} units done, "
@@ -244,6 +257,7 @@ class _LiveRun:
             stack.push_async_callback(_last_reading, sampler)
             state.phase = Phase.STARTING
             dispatch = await self._dispatch(stack, ledger, client, model, anchor.monotonic_ns, base_url)
+            self.unstarted = None
             tasks = _Tasks()
             stack.push_async_callback(tasks.cancel_all)
             tasks.start(sampler.run())

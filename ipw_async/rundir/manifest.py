@@ -8,6 +8,7 @@ rewritten atomically whenever one of those changes.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib.metadata
 import os
@@ -59,12 +60,25 @@ def prepare(path: Path, overwrite: bool) -> None:
     if path.exists() and any(path.iterdir()):
         if not overwrite:
             raise RunError(f"{path} already holds a run; choose another --output-dir or pass --overwrite")
-        for name in (files.RUN, files.RECORDS, files.TELEMETRY, files.TASKS, files.TRACES, files.SUMMARY):
-            (path / name).unlink(missing_ok=True)
-            (path / f"{name}.tmp").unlink(missing_ok=True)
+        _remove_run(path)
         for derived in ("analysis", "plots"):  # made from the old run: stale beside a new one
             shutil.rmtree(path / derived, ignore_errors=True)
     path.mkdir(parents=True, exist_ok=True)
+
+
+def discard(path: Path, created: bool) -> None:
+    """The files of a run that stopped before it measured anything, and its directory when the
+    run ``created`` it and nothing else is in it: the same command, once fixed, runs again."""
+    _remove_run(path)
+    if created:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def _remove_run(path: Path) -> None:
+    for name in (files.RUN, files.RECORDS, files.TELEMETRY, files.TASKS, files.TRACES, files.SUMMARY):
+        (path / name).unlink(missing_ok=True)
+        (path / f"{name}.tmp").unlink(missing_ok=True)
 
 
 def versions() -> dict[str, str | None]:
