@@ -13,13 +13,15 @@ simulator, whose capacity a fine sweep can measure:
     python benchmarks/search_validity.py [--searches 20] [--repeats 2] [--quiet-runs 20]
 
 ``--repeats N`` runs each probe N times, so the interval sees run-to-run spread as well as the
-spread of one run's requests; ``--only accuracy|oversaturation`` runs one half.
+spread of one run's requests; ``--only accuracy|oversaturation`` runs one half; ``--keep DIR``
+keeps every run and search directory (to fit them again with ``ipw-async analyze``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
@@ -159,13 +161,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per probe")
     parser.add_argument("--quiet-runs", type=int, default=20)
     parser.add_argument("--only", choices=["accuracy", "oversaturation"])
+    parser.add_argument("--keep", type=Path, help="keep every run directory here (default: deleted)")
     args = parser.parse_args()
-    if args.only != "oversaturation":
-        with tempfile.TemporaryDirectory() as tmp:
-            accuracy(Path(tmp), args)
-    if args.only != "accuracy":
-        with tempfile.TemporaryDirectory() as tmp:
-            oversaturation(Path(tmp), args.quiet_runs)
+    with contextlib.ExitStack() as stack:
+        root = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        if args.only != "oversaturation":
+            accuracy(root / "accuracy", args)
+        if args.only != "accuracy":
+            oversaturation(root / "oversaturation", args.quiet_runs)
 
 
 if __name__ == "__main__":

@@ -259,7 +259,7 @@ def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) 
             "skipped": manifest.skipped,
             "sampler": end.get("sampler"),
             "counter_events": manifest.counter_events,
-            **_counter_checks(manifest.end),
+            **_counter_checks(manifest),
             "clocks": manifest.clocks,
         },
         "harness": end.get("harness"),
@@ -270,17 +270,18 @@ def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) 
     }
 
 
-def _counter_checks(end: dict[str, Any] | None) -> dict[str, Any]:
-    """Each energy counter's check against its power, by channel; null, and why, where none ran."""
-    if end is None:
-        skipped = "the run ended without recording its counter checks (killed or crashed)"
-        return {"counter_checks": None, "counter_checks_skipped": skipped}
-    recorded = end.get("counter_checks")
+def _counter_checks(manifest: Manifest) -> dict[str, Any]:
+    """Each energy counter's check against its power, by channel; null, and why, where none ran.
+    A run that was killed has the checks it made before (``run.json`` keeps them as they come)."""
+    end = manifest.end
+    recorded = manifest.counter_checks if end is None else end.get("counter_checks")
     if recorded is None:
-        return {
-            "counter_checks": None,
-            "counter_checks_skipped": "the run was made before counters were checked",
-        }
+        skipped = (
+            "the run was killed or crashed before its counters were checked"
+            if end is None
+            else "the run was made before counters were checked"
+        )
+        return {"counter_checks": None, "counter_checks_skipped": skipped}
     return {"counter_checks": recorded["meters"], "counter_checks_skipped": recorded["skipped"]}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import resource
 import signal
@@ -50,10 +51,23 @@ def _wait_for_records(run_dir: Path, rows: int, proc: subprocess.Popen[bytes], t
     raise TimeoutError(f"{run_dir} never held {rows} records")
 
 
+def _wait_for_counter_check(run_dir: Path, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """Until ``run.json`` holds the energy counters' check (about 3 s into the run)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            if json.loads((run_dir / "run.json").read_text())["telemetry"]["counter_checks"]:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"{run_dir}/run.json never held its counter check")
+
+
 def test_kill_9_leaves_readable_files_no_orphan_and_a_recoverable_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen(_run("-c", "8", "--duration", "60", "-o", str(run_dir)))
     _wait_for_records(run_dir, 8, proc)
+    _wait_for_counter_check(run_dir, proc)
     children = psutil.Process(proc.pid).children(recursive=True)
     assert children, "the run should have started its simulator"
     proc.kill()
@@ -74,6 +88,8 @@ def test_kill_9_leaves_readable_files_no_orphan_and_a_recoverable_run(tmp_path: 
     assert loss["requests_on_disk"] == pl.read_ipc_stream(run_dir / "records.arrow").height
     assert loss["requests_not_recorded"] >= 1  # 8 were in flight when it died
     assert abs(summary["energy"]["meters"]["sim"]["conservation_error"]) < 1e-9
+    # the counter check it made before it died is kept, not lost with the run's end
+    assert summary["telemetry"]["counter_checks"]["sim"]["status"] == "ok"
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])

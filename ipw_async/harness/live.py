@@ -247,7 +247,7 @@ class _LiveRun:
                 first_request_id=0 if resume is None else resume.next_request_id,
                 done_units=frozenset() if resume is None else resume.done_units,
             )
-            writer.follow(functools.partial(_progress, sampler, ledger))
+            writer.follow(functools.partial(_progress, sampler, ledger, checks))
             writer.end(lambda: self._end(sampler))
             await stack.enter_async_context(writer)
             # on the way out, before the meters' last update in run.json: a check the run ended
@@ -479,11 +479,13 @@ class _LiveRun:
         )
 
 
-def _progress(sampler: Sampler, ledger: RunLedger) -> dict[str, Any]:
-    """What run.json says as the run goes: grids learned, counter resets, requests sent."""
+def _progress(sampler: Sampler, ledger: RunLedger, checks: CounterChecks) -> dict[str, Any]:
+    """What run.json says as the run goes: grids learned, counter resets and checks, requests
+    sent."""
     return {
         "meters": sampler.meters,
         "counter_events": sampler.counter_events(),
+        "counter_checks": None if checks.checks is None else checks.report(),
         "clocks": sampler.clocks(),
         "dispatched": ledger.dispatched,
     }

@@ -127,6 +127,8 @@ class Manifest:
     probe_s: float = 1.0
     baseline_window_ns: tuple[int, int] | None = None
     counter_events: dict[str, dict[str, int]] = field(default_factory=dict)
+    # each energy counter's check, once it ran: kept as it happens, so a killed run still says
+    counter_checks: dict[str, Any] | None = None
     clocks: dict[str, dict[str, Any]] = field(default_factory=dict)  # remote sources: clock alignment
     end: dict[str, Any] | None = None  # how the run ended; None while it runs (or after a crash)
     dispatched: int = 0  # requests sent so far, kept current as records are flushed: what a crash can lose
@@ -158,6 +160,7 @@ class Manifest:
                 "sample_ms": self.sample_ms,
                 "probe_s": self.probe_s,
                 "counter_events": self.counter_events,
+                "counter_checks": self.counter_checks,
                 "clocks": self.clocks,
             },
             "baseline_window_ns": list(self.baseline_window_ns) if self.baseline_window_ns else None,
@@ -188,6 +191,7 @@ class Manifest:
             probe_s=tel["probe_s"],
             baseline_window_ns=(int(window[0]), int(window[1])) if window else None,
             counter_events=tel.get("counter_events", {}),
+            counter_checks=tel.get("counter_checks"),
             clocks=tel.get("clocks", {}),
             end=data.get("end"),
             dispatched=data.get("dispatched", 0),
