@@ -40,18 +40,23 @@ KEY = "sk-proxy-secret-0123456789"
 
 class Upstream:
     """A scripted OpenAI-compatible server: fixed bytes, so what the caller gets can be compared
-    with what was sent; ``x-script: cut`` ends a stream mid-way."""
+    with what was sent; ``x-script: cut`` ends a stream mid-way, ``x-script: hang`` stops
+    after its first event."""
 
     def __init__(self) -> None:
         self.authorizations: list[str | None] = []
         self.request_ids: list[str | None] = []
         self.bodies: list[dict[str, Any]] = []
+        self.seen: list[tuple[str, str | None, str | None]] = []  # query, accept-encoding, x-note
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self.authorizations.append(request.headers.get("authorization"))
         self.request_ids.append(request.headers.get("x-ipw-request-id"))
         body = await request.json()
         self.bodies.append(body)
+        self.seen.append(
+            (request.query_string, request.headers.get("accept-encoding"), request.headers.get("x-note"))
+        )
         if not body.get("stream"):
             return web.Response(body=COMPLETION, content_type="application/json")
         response = web.StreamResponse(headers={"content-type": "text/event-stream", "x-upstream": "yes"})
@@ -62,6 +67,8 @@ class Upstream:
                 request.transport.close()
                 return response
             await response.write(event)
+            if request.headers.get("x-script") == "hang":
+                await asyncio.sleep(60)
             await asyncio.sleep(0.005)
         await response.write_eof()
         return response
@@ -135,7 +142,8 @@ async def test_streaming_and_whole_responses_pass_through_unchanged_and_are_reco
         return streamed, whole, models
 
     result, (streamed, whole, models) = await _through_proxy(_config(tmp_path, base), agent)
-    assert streamed == b"".join(EVENTS)
+    # every event as the upstream sent it, less the usage event the proxy asked for itself
+    assert streamed == b"".join(EVENTS[:3] + EVENTS[4:])
     assert whole.content == COMPLETION and whole.status_code == 200
     assert models.json()["data"][0]["id"] == "scripted"  # forwarded, not recorded
     records = pl.read_ipc_stream(tmp_path / "run" / "records.arrow")
@@ -180,12 +188,18 @@ async def test_a_streamed_call_asks_for_usage_only_where_its_caller_left_it_open
     if sent_options is not None:
         body["stream_options"] = sent_options
 
-    async def agent(url: str) -> None:
-        async with httpx.AsyncClient(timeout=10) as http:
-            (await http.post(f"{url}/chat/completions", json=body)).raise_for_status()
+    async def agent(url: str) -> bytes:
+        async with (
+            httpx.AsyncClient(timeout=10) as http,
+            http.stream("POST", f"{url}/chat/completions", json=body) as r,
+        ):
+            return b"".join([piece async for piece in r.aiter_raw()])
 
-    await _through_proxy(_config(tmp_path, base), agent, stream_usage=stream_usage)
+    _, streamed = await _through_proxy(_config(tmp_path, base), agent, stream_usage=stream_usage)
     assert script.bodies[0].get("stream_options") == upstream_got
+    # where the proxy asked, its usage event is kept from the caller; else it passes as sent
+    asked = upstream_got != sent_options
+    assert streamed == b"".join(EVENTS[:3] + EVENTS[4:] if asked else EVENTS)
 
 
 async def test_a_task_header_groups_calls_and_the_end_call_scores_the_answer(
@@ -224,6 +238,50 @@ async def test_a_task_header_groups_calls_and_the_end_call_scores_the_answer(
     assert records["task_id"].to_list()[:4] == [1, 1, 2, 1] and records["task_id"][4] is None
     traces = [json.loads(line) for line in (tmp_path / "run" / "traces.jsonl").read_text().splitlines()]
     assert sorted(len(t.get("turns") or t.get("requests") or []) for t in traces if t.get("task_id"))[-1] == 3
+
+
+async def test_queries_and_any_header_bytes_pass_and_responses_come_uncompressed(
+    tmp_path: Path, upstream: tuple[Upstream, str]
+) -> None:
+    script, base = upstream
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "Q"}]}
+
+    async def agent(url: str) -> httpx.Response:
+        async with httpx.AsyncClient(timeout=10) as http:  # it accepts gzip, as clients do
+            return await http.post(
+                f"{url}/chat/completions?api-version=2024-10-21",
+                json=body,
+                headers={"x-note": "東京".encode()},  # not Latin-1: passed as the bytes it is
+            )
+
+    _, answer = await _through_proxy(_config(tmp_path, base), agent)
+    assert answer.status_code == 200 and answer.content == COMPLETION
+    assert script.seen == [("api-version=2024-10-21", "identity", "東京")]  # aiohttp reads UTF-8
+    record = pl.read_ipc_stream(tmp_path / "run" / "records.arrow").row(0, named=True)
+    assert record["status"] == "ok" and record["output_tokens"] == 7
+
+
+async def test_stopping_with_a_call_in_flight_cancels_the_call_and_its_task(
+    tmp_path: Path, upstream: tuple[Upstream, str]
+) -> None:
+    _, base = upstream
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "Q"}], "stream": True}
+    headers = {"x-script": "hang", TASK_HEADER: "long"}
+
+    async def agent(url: str) -> None:
+        async with httpx.AsyncClient(timeout=10) as http:
+            await http.post(f"{url}/chat/completions", json=body, headers={TASK_HEADER: "short"})
+            async with http.stream("POST", f"{url}/chat/completions", json=body, headers=headers) as r:
+                async for _ in r.aiter_raw():
+                    return  # the first event is here: the call is in flight when the proxy stops
+
+    await _through_proxy(_config(tmp_path, base), agent)
+    tasks = {
+        t["query_id"]: t for t in map(json.loads, (tmp_path / "run" / "tasks.jsonl").read_text().splitlines())
+    }
+    assert tasks["long"]["outcome"] == "cancelled" and tasks["short"]["outcome"] == "completed"
+    records = pl.read_ipc_stream(tmp_path / "run" / "records.arrow").sort("request_id")
+    assert records["status"].to_list() == ["ok", "cancelled"]
 
 
 async def test_an_upstream_that_fails_is_the_callers_error_and_the_runs_record(

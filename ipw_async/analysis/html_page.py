@@ -12,10 +12,11 @@ from matplotlib.figure import Figure
 
 from .. import __version__
 from ..report import DASH
+from ..rundir import files
 from .html_figures import svg
 from .plotting import SkipPlot
 
-REPORT = "report.html"  # the page's file name, in a run directory or a sweep's sweep/ folder
+REPORT = files.REPORT  # in a run directory, or a sweep's sweep/ folder
 
 STYLE = """
 body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1f2328;background:#fff;

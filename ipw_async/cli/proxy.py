@@ -10,6 +10,7 @@ import typer
 
 from ..harness.config import TARGET
 from ..proxy import TASK_HEADER, run_proxy
+from ..telemetry.http import redact_url
 from ._common import out
 from .export import EXPORT_PARAMETERS, Exports
 from .judge import JUDGE_PARAMETERS, Judging
@@ -71,8 +72,8 @@ PROXY_PARAMETERS = [
         True,
         bool,
         "Ask the upstream for each streamed call's token counts when the caller did not say "
-        "(stream_options.include_usage): its energy is then split by tokens, and the caller gets "
-        "OpenAI's last usage event with no choices. --no-stream-usage forwards bodies as sent.",
+        "(stream_options.include_usage): its energy is then split by tokens. The usage event this "
+        "brings is kept from the caller. --no-stream-usage forwards bodies as sent.",
         "--stream-usage/--no-stream-usage",
     ),
     *(p for p in RUN_PARAMETERS if p.name in _KEPT and p not in DISPLAY_PARAMETERS),
@@ -92,7 +93,7 @@ def proxy(**options: Any) -> None:
     values = {name: options[name] for name in _KEPT} | {"base_url": options["upstream"]}
     defaults = {p.name: p.default for p in RUN_PARAMETERS if p.name not in values}
     config = run_config(defaults | values)
-    upstream = options["upstream"] or "the built-in simulator"
+    upstream = redact_url(options["upstream"]) if options["upstream"] else "the built-in simulator"
 
     def ready(url: str) -> None:
         out.print(f"proxy listening on {url} → {upstream} (calls with {TASK_HEADER}: NAME are tasks)")

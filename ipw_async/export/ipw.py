@@ -46,7 +46,6 @@ from ..rundir.read import read_telemetry
 from ..telemetry.base import Meter, Quantity, time_column
 from . import ExportError
 
-DATASET = "dataset"
 DATA_FILE = "data-00000-of-00001.arrow"
 
 _HOST_MEMORY = ("mem.used_mb", "psutil")  # host memory in use, and the source that reads it
@@ -122,7 +121,7 @@ def ipw_table(
 
 def write_ipw_dataset(run_dir: Path, table: pl.DataFrame) -> Path:
     """Write ``table`` as ``run_dir/dataset``, replacing an earlier one; returns the directory."""
-    out = run_dir / DATASET
+    out = run_dir / files.DATASET
     out.mkdir(exist_ok=True)
     files.write_frame(table, out / DATA_FILE)
     files.write_json(

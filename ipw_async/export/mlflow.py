@@ -53,7 +53,6 @@ FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOU
 SWEEP_DIR = "sweep"
 SWEEP_RUNS = "raw_runs.csv"
 SWEEP_STATS = "summary_stats.json"
-REPORT = "report.html"
 TEXT_SUFFIXES = {".json", ".jsonl", ".csv", ".html", ".txt"}
 
 # key names whose string value is a credential, also after a prefix ("hf_token", "x-api-key")
@@ -251,8 +250,8 @@ def _read_run(path: Path, work: Path, name: str, extra_tags: dict[str, str] | No
     found = [
         (finished / n, None) for n in (files.SUMMARY, files.RUN, files.TRACES) if (finished / n).is_file()
     ]
-    if (path / REPORT).is_file():
-        found.append((path / REPORT, None))
+    if (path / files.REPORT).is_file():
+        found.append((path / files.REPORT, None))
     found += [(png, _folder(png, path)) for png in sorted(path.rglob("*.png"))]
     artifacts, skipped = _artifacts(found, work)
     params, truncated = _limited(_run_params(summary, manifest), MAX_PARAM_CHARS)

@@ -22,6 +22,7 @@ from ..rundir import files
 from ..rundir.manifest import Manifest, RunDirError, boot_id
 from ..rundir.read import read_records, read_tasks
 from ..sim.process import config_from_json
+from ..workload.mcp_tools import redacted
 from .config import RunConfig
 
 
@@ -99,6 +100,13 @@ def _own_config(saved: dict[str, Any], given: RunConfig, run_dir: Path) -> RunCo
         "runs_root",
     }
     values = {k: v for k, v in saved.items() if k in names}
+    if given.mcp:  # the servers again, with the secrets run.json does not keep
+        values["mcp"] = list(given.mcp)
+    elif redacted(values.get("mcp") or []):
+        raise RunError(
+            f"{run_dir} used MCP servers whose secrets run.json does not keep "
+            f"({', '.join(values['mcp'])}): give them again with --mcp when resuming"
+        )
     sim = config_from_json(json.dumps(saved["sim"])) if "sim" in saved else given.sim
     return RunConfig(
         **values,

@@ -48,7 +48,7 @@ async def run_proxy(
     None) until ``config.duration`` or Ctrl-C, then finish the run directory; ``ready`` hears
     the proxy's base URL once it listens (after the idle baseline). ``stream_usage``: streamed
     calls that do not say otherwise ask the upstream for their token counts, so their energy
-    is split by tokens as a run's own are; their callers then get OpenAI's last usage event."""
+    is split by tokens as a run's own are (the usage event is kept from their callers)."""
     # the pool to the upstream is the run's "concurrency"; nothing is warmed up or scheduled
     config = dataclasses.replace(config, concurrency=max_connections, rate=None, warmup=0, workers="1")
     return await run_benchmark(config, display, ProxyCalls(), RecordingProxy(host, port, ready, stream_usage))

@@ -1,6 +1,7 @@
-"""One call forwarded upstream over the run's own transport, its response bytes handed back
-unchanged, and the call stamped into a record on the way exactly as the run's client stamps
-its own requests (the same connection stamps, the same SSE parser)."""
+"""One call forwarded upstream over the run's own transport, its response bytes handed back as
+they came (less the usage event the proxy asked for, see :mod:`.call`), and the call stamped
+into a record on the way exactly as the run's client stamps its own requests (the same
+connection stamps, the same SSE parser)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ from ..client._client import transport_failed
 from ..client._events import Timings, Usage, error_message, fail, read_usage
 from ..records import ErrorType, RequestRecord
 from ..transport import ConnectionPool, Exchange
+from .call import WithoutUsage
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and those the transport writes itself are not forwarded.
 _HOP = frozenset(
     b"connection keep-alive proxy-authenticate proxy-authorization proxy-connection te trailer "
     b"transfer-encoding upgrade host content-length".split()
 )
+# The proxy reads every response: it asks for one it can read, whatever the caller accepts
+# (HTTP clients ask for gzip by default, and hosted APIs give it).
+_IDENTITY = b"accept-encoding: identity\r\n"
 
 
 @dataclass(frozen=True)
@@ -81,28 +86,6 @@ def read_completion(record: RequestRecord, body: bytes) -> None:
     read_usage(record, completion.usage, completion.timings)
 
 
-def asking_usage(body: bytes) -> bytes:
-    """A streamed call's body asking the upstream for its token counts (OpenAI's
-    ``stream_options.include_usage``: a last event with ``usage`` and no choices), which its
-    energy needs; a call that says either way itself, or is not streamed, goes as it came."""
-    try:
-        payload = _json(body)
-    except msgspec.DecodeError:
-        return body  # the upstream's to refuse
-    if not isinstance(payload, dict) or payload.get("stream") is not True:
-        return body
-    options = payload.get("stream_options")
-    if options is None:
-        options = {}
-    if not isinstance(options, dict) or "include_usage" in options:
-        return body
-    payload["stream_options"] = options | {"include_usage": True}
-    return msgspec.json.encode(payload)
-
-
-_json = msgspec.json.Decoder().decode
-
-
 def _passed_back(exchange: Exchange) -> list[tuple[str, str]]:
     return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in exchange.headers if k.lower() not in _HOP]
 
@@ -138,13 +121,14 @@ class Relay:
         lines = []
         for name, value in headers:
             key = name.lower()
-            if key in _HOP or key.startswith(b"x-ipw-"):
+            if key in _HOP or key == b"accept-encoding" or key.startswith(b"x-ipw-"):
                 continue
             if key == b"authorization" and self.authorization is not None:
                 continue  # --api-key: the proxy's own key replaces the caller's
             lines.append(b"%s: %s\r\n" % (name, value))
         if self.authorization is not None:
             lines.append(b"authorization: %s\r\n" % self.authorization)
+        lines.append(_IDENTITY)
         lines.append(b"x-ipw-request-id: %d\r\n" % request_id)
         return b"".join(lines)
 
@@ -168,22 +152,36 @@ class Relay:
         streaming = exchange.header(b"content-type").startswith("text/event-stream")
         return Head(exchange.status, _passed_back(exchange), streaming), exchange
 
-    async def stream(self, record: RequestRecord, exchange: Exchange, write: Write) -> None:
-        """Hand the event stream to ``write`` as it arrives while parsing it into ``record``;
-        an upstream that fails mid-stream fails the record and raises its error."""
+    async def stream(
+        self, record: RequestRecord, exchange: Exchange, write: Write, hide_usage: bool = False
+    ) -> None:
+        """Hand the event stream to ``write`` as it arrives while parsing it into ``record``
+        (less its usage-only event with ``hide_usage``); an upstream that fails mid-stream fails
+        the record and raises its error."""
         parser = StreamParser(record, self.t0_ns)
         events = EventStream(parser, self.t0_ns)
         pieces: asyncio.Queue[bytes | None] = asyncio.Queue()
+        passed = WithoutUsage() if hide_usage else None
 
         def arrived(t: int, data: bytes) -> None:
             events.receive(t, data)
-            pieces.put_nowait(data)
+            pieces.put_nowait(data if passed is None else passed(data))
 
         exchange.stream_to(arrived)
         exchange.when_done(lambda: pieces.put_nowait(None))
         try:
-            while (data := await pieces.get()) is not None:
-                await write(data)
+            ended = False
+            while not ended:
+                # what came while the caller's last write was going out goes in one write
+                got = [await pieces.get()]
+                while not pieces.empty():
+                    got.append(pieces.get_nowait())
+                ended = got[-1] is None
+                data = b"".join(g for g in got if g)
+                if ended and passed is not None:
+                    data += passed.rest()
+                if data:
+                    await write(data)
             await exchange.finished()
             events.end()
             parser.close()

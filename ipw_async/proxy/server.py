@@ -24,8 +24,10 @@ from ..errors import RunError
 from ..harness.ledger import RunLedger
 from ..records import ErrorType, RequestRecord, Status
 from ..scoring import SCORERS, score
+from ..telemetry.http import redact_url
 from ..workload import Outcome, TaskLog
-from .relay import CallerGone, Relay, asking_usage
+from .call import Call, read_call
+from .relay import CallerGone, Relay
 
 TASK_HEADER = "x-ipw-task"
 RECORDED = frozenset({"chat/completions", "completions"})
@@ -41,7 +43,7 @@ class _Task:
 class RecordingProxy:
     """Serves on ``host:port`` while the run measures (a :class:`~ipw_async.harness.live.CallSource`);
     ``ready`` hears the proxy's base URL once it listens. With ``stream_usage``, a streamed call
-    that does not say whether it wants usage asks the upstream for it (see :func:`asking_usage`)."""
+    that does not say whether it wants usage asks the upstream for it (see :mod:`.call`)."""
 
     label = "proxy"
 
@@ -92,14 +94,15 @@ class RecordingProxy:
             await self._stop(runner)
 
     async def _stop(self, runner: web.AppRunner) -> None:
-        """Calls in flight are cut and recorded as cancelled; open tasks end here."""
+        """Calls in flight are cut and recorded as cancelled, and so are their tasks; the other
+        open tasks end here as completed."""
+        cut = {name for name, task in self._tasks.items() if task.in_flight}  # before the handlers unwind
         for handler in list(self._handlers):
             handler.cancel()
         await asyncio.gather(*self._handlers, return_exceptions=True)
         await runner.cleanup()
-        for name, task in list(self._tasks.items()):
-            outcome = Outcome.CANCELLED if task.in_flight else Outcome.COMPLETED
-            self._finish(name, outcome)
+        for name in list(self._tasks):
+            self._finish(name, Outcome.CANCELLED if name in cut else Outcome.COMPLETED)
         await self.relay.aclose()
 
     # a recorded call
@@ -107,16 +110,17 @@ class RecordingProxy:
         arrived = now_ns()
         path = request.match_info["path"]
         body = await request.read()
-        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()]
+        headers = list(request.raw_headers)  # as they came: no decoding, any bytes
         if request.method != "POST" or path not in RECORDED:
-            return await self._pass(request.method, path, headers, body)
+            return await self._pass(request.method, _with_query(path, request), headers, body)
+        call = read_call(body, self.stream_usage)
         handler = asyncio.current_task()
         assert handler is not None
         self._handlers.add(handler)
         record, task = self._record(request.headers.get(TASK_HEADER), arrived)
         self.ledger.started()
         try:
-            return await self._relay(request, record, path, headers, body)
+            return await self._relay(request, record, _with_query(path, request), headers, call)
         except asyncio.CancelledError:
             record.status, record.error_type = Status.CANCELLED, ErrorType.CANCELLED
             record.error_message = "the proxy stopped while this call was in flight"
@@ -126,7 +130,7 @@ class RecordingProxy:
             if record.closed_ns is None:
                 record.closed_ns = now_ns() - self.t0_ns
             # after the response: reading the body costs the caller nothing now
-            record.prompt = _prompt(body)
+            record.prompt = call.prompt()
             if task is not None:
                 task.in_flight -= 1
                 if not task.log.prompt:
@@ -139,10 +143,9 @@ class RecordingProxy:
         record: RequestRecord,
         path: str,
         headers: list[tuple[bytes, bytes]],
-        body: bytes,
+        call: Call,
     ) -> web.StreamResponse:
-        sent = asking_usage(body) if self.stream_usage else body
-        opened = await self.relay.open(record, request.method.encode(), path, headers, sent)
+        opened = await self.relay.open(record, request.method.encode(), path, headers, call.sent)
         if opened is None:  # no answer from upstream: the caller gets the reason, as a server error
             error = {"error": {"message": record.error_message, "type": "upstream_unreachable"}}
             return web.json_response(error, status=502)
@@ -160,7 +163,7 @@ class RecordingProxy:
                 raise CallerGone from exc
 
         try:
-            await self.relay.stream(record, exchange, write)
+            await self.relay.stream(record, exchange, write, hide_usage=call.asked_usage)
         except CallerGone:
             fail(
                 record,
@@ -244,7 +247,7 @@ class RecordingProxy:
         """A call that is not a completion, forwarded and not recorded."""
         answered = await self.relay.passthrough(method.encode(), path, headers, body)
         if answered is None:
-            return _error(502, f"the upstream server at {self.relay.base} cannot be reached")
+            return _error(502, f"the upstream server at {redact_url(self.relay.base)} cannot be reached")
         status, kept, data = answered
         return web.Response(body=data, status=status, headers=kept)
 
@@ -253,19 +256,6 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": "ipw_proxy_error"}}, status=status)
 
 
-def _prompt(body: bytes) -> str:
-    """What the call adds to its conversation: the last message's text, or the prompt."""
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return ""
-    if not isinstance(payload, dict):
-        return ""
-    messages = payload.get("messages")
-    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
-        content = messages[-1].get("content")
-        if isinstance(content, list):  # content parts: their text
-            return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        return "" if content is None else str(content)
-    prompt = payload.get("prompt")
-    return prompt if isinstance(prompt, str) else ""
+def _with_query(path: str, request: web.Request) -> str:
+    """The path forwarded with its query (``?api-version=…``), as the caller sent it."""
+    return f"{path}?{request.query_string}" if request.query_string else path

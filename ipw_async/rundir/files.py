@@ -33,6 +33,8 @@ JUDGE = "judge.jsonl"  # written by `ipw-async judge` after the run: a header, t
 # written by finalize beside the streams: the interchange format every data tool reads
 RECORDS_PARQUET = "records.parquet"
 TELEMETRY_PARQUET = "telemetry.parquet"
+REPORT = "report.html"  # `export html`, or `analyze`: the run on one page
+DATASET = "dataset"  # `export ipw`: the run as a Hugging Face dataset, in IPW's layout
 
 _FILE_MAGIC = b"ARROW1"  # an Arrow IPC *file* (footer and all): what earlier versions wrote
 

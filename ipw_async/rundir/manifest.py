@@ -61,8 +61,6 @@ def prepare(path: Path, overwrite: bool) -> None:
         if not overwrite:
             raise RunError(f"{path} already holds a run; choose another --output-dir or pass --overwrite")
         _remove_run(path)
-        for derived in ("analysis", "plots"):  # made from the old run: stale beside a new one
-            shutil.rmtree(path / derived, ignore_errors=True)
     path.mkdir(parents=True, exist_ok=True)
 
 
@@ -75,10 +73,29 @@ def discard(path: Path, created: bool) -> None:
             path.rmdir()
 
 
+# a run's files, and what is made from them (stale beside another run: an old judge.jsonl's
+# verdicts would be joined to the new run's requests by id)
+_RUN_FILES = (
+    files.RUN,
+    files.RECORDS,
+    files.TELEMETRY,
+    files.TASKS,
+    files.TRACES,
+    files.SUMMARY,
+    files.JUDGE,
+    files.RECORDS_PARQUET,
+    files.TELEMETRY_PARQUET,
+    files.REPORT,
+)
+_DERIVED = ("analysis", "plots", files.DATASET)
+
+
 def _remove_run(path: Path) -> None:
-    for name in (files.RUN, files.RECORDS, files.TELEMETRY, files.TASKS, files.TRACES, files.SUMMARY):
+    for name in _RUN_FILES:
         (path / name).unlink(missing_ok=True)
         (path / f"{name}.tmp").unlink(missing_ok=True)
+    for derived in _DERIVED:
+        shutil.rmtree(path / derived, ignore_errors=True)
 
 
 def versions() -> dict[str, str | None]:

@@ -24,6 +24,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -87,10 +88,34 @@ class McpServer:
         return "check that the command runs and serves MCP on stdio (run it yourself to see)"
 
 
+REDACTED = "***"
+# an option or environment assignment whose value is a secret: --api-key X, --token=X, API_KEY=X
+_SECRET = re.compile(r"(?i)^(-{0,2}[\w-]*(?:token|key|secret|password|passwd|auth)[\w-]*)(=.*)?$")
+
+
 def written(spec: str) -> str:
-    """An ``--mcp`` value as run.json keeps it: a URL without its password and query; a command
-    as given (a resumed run starts it again: a key belongs in the environment, not on it)."""
-    return McpServer(spec).label() if is_url(spec) else spec
+    """An ``--mcp`` value as run.json keeps it: a URL without its password and query, a command
+    without the values of its secret-looking options and assignments (each ``***``). A resumed
+    run needs such a server given again (:func:`redacted`)."""
+    if is_url(spec):
+        query = urlsplit(spec).query
+        return McpServer(spec).label() + (f"?{REDACTED}" if query else "")
+    words, hide_next = [], False
+    for word in shlex.split(spec):
+        secret = _SECRET.match(word)
+        if hide_next:
+            word, hide_next = REDACTED, False
+        elif secret and secret.group(2):
+            word = f"{secret.group(1)}={REDACTED}"
+        elif secret and word.startswith("-"):
+            hide_next = True  # --token VALUE: the next word is the value
+        words.append(word)
+    return shlex.join(words)
+
+
+def redacted(specs: Sequence[str]) -> bool:
+    """Whether run.json's ``--mcp`` values lost a secret (:func:`written`)."""
+    return any(REDACTED in spec for spec in specs)
 
 
 def parse_servers(specs: Sequence[str]) -> tuple[McpServer, ...]:
