@@ -14,7 +14,7 @@ import datetime as dt
 import hashlib
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -172,61 +172,86 @@ def judge_run(
     if not items:
         raise JudgeError(f"{run_dir} has no measured answers with a reference answer, so nothing to judge")
     shown = redact_url(url)
-    started = dt.datetime.now(dt.UTC)
-    t0 = time.perf_counter()
-    model, lines = run_loop(_judge_all(items, url, model, api_key, concurrency, timeout_s, max_tokens, shown))
-    header = {
-        "model": model,
-        "url": shown,
-        "prompt_id": PROMPT_ID,
-        "items": kind,
-        "same_server": manifest.base_url is not None and shown.rstrip("/") == manifest.base_url.rstrip("/"),
-        "concurrency": concurrency,
-        "max_tokens": max_tokens,
-        "judged_at": started.isoformat(),
-        "duration_s": time.perf_counter() - t0,
-    }
-    files.write_jsonl(run_dir / files.JUDGE, [{"judge": header}, *lines])
-    return JudgeResult(run_dir, lines, finalize(run_dir).summary)
+    judged = _Judged(
+        model,
+        [item.line() for item in items],
+        {
+            "url": shown,
+            "prompt_id": PROMPT_ID,
+            "items": kind,
+            "same_server": manifest.base_url is not None
+            and shown.rstrip("/") == manifest.base_url.rstrip("/"),
+            "concurrency": concurrency,
+            "max_tokens": max_tokens,
+            "judged_at": dt.datetime.now(dt.UTC).isoformat(),
+        },
+    )
+    try:
+        run_loop(_judge_all(judged, items, url, api_key, concurrency, timeout_s, max_tokens, shown))
+    except KeyboardInterrupt:
+        if judged.model is None:
+            raise
+        # the verdicts so far are kept; the rest are null, and say why
+        for line in judged.lines:
+            if line["verdict"] is None and line["error"] is None:
+                line["error"] = "the judge was stopped (Ctrl-C) before this answer"
+        judged.write(run_dir, interrupted=True)
+        finalize(run_dir)
+        raise
+    judged.write(run_dir)
+    return JudgeResult(run_dir, judged.lines, finalize(run_dir).summary)
+
+
+@dataclass
+class _Judged:
+    """What judging has found so far: the model, each item's line, the file's header."""
+
+    model: str | None
+    lines: list[dict[str, Any]]  # one per item, in the items' order
+    header: dict[str, Any]
+    t0: float = field(default_factory=time.perf_counter)
+
+    def write(self, run_dir: Path, interrupted: bool = False) -> None:
+        header = {"model": self.model, **self.header}
+        header |= {"duration_s": time.perf_counter() - self.t0, "interrupted": interrupted}
+        files.write_jsonl(run_dir / files.JUDGE, [{"judge": header}, *self.lines])
 
 
 async def _judge_all(
+    judged: _Judged,
     items: list[Item],
     url: str,
-    model: str | None,
     api_key: str | None,
     concurrency: int,
     timeout_s: float,
     max_tokens: int,
     shown: str,
-) -> tuple[str, list[dict[str, Any]]]:
-    """The model judging, and each item's judge.jsonl line, in the items' order."""
+) -> None:
+    """The model judging, and each item's judge.jsonl line into ``judged`` as it comes."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     base = url.rstrip("/")
     limits = httpx.Limits(max_connections=concurrency)
     async with httpx.AsyncClient(headers=headers, timeout=timeout_s, limits=limits) as http:
-        model = model or await _first_model(http, base, shown)
+        model = judged.model = judged.model or await _first_model(http, base, shown)
         # the first alone: a judge that cannot be reached is one error, not one per answer
-        first = await _ask(http, base, model, items[0], max_tokens)
+        first = judged.lines[0] = await _ask(http, base, model, items[0], max_tokens)
         _check_reached(first, shown)
-        lines = [first, *(item.line() for item in items[1:])]
         pending = iter(range(1, len(items)))
 
         async def worker() -> None:
             # ``concurrency`` workers share one iterator: as many calls in flight, and as many
             # tasks alive, however many answers there are
             for i in pending:
-                lines[i] = await _ask(http, base, model, items[i], max_tokens)
+                judged.lines[i] = await _ask(http, base, model, items[i], max_tokens)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return model, lines
 
 
 async def _first_model(http: httpx.AsyncClient, base: str, shown: str) -> str:
     """The first model the judge lists."""
     try:
         response = await http.get(f"{base}/models")
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise _unreachable(shown, type(exc).__name__) from None
     if response.status_code >= 400:
         raise JudgeError(
@@ -279,7 +304,7 @@ async def _ask(http: httpx.AsyncClient, base: str, model: str, item: Item, max_t
     t0 = time.perf_counter()
     try:
         response = await http.post(f"{base}/chat/completions", json=body)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         line["error"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return line
     finally:
@@ -297,7 +322,8 @@ async def _ask(http: httpx.AsyncClient, base: str, model: str, item: Item, max_t
         line["reply"] = response.text[:REPLY_CHARS]
         line["error"] = "the reply is not a chat completion"
         return line
-    usage = payload.get("usage") or {}
+    usage = payload.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
     line |= {
         "reply": reply[:REPLY_CHARS],
         "verdict": verdict(reply),

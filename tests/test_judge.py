@@ -438,3 +438,22 @@ def test_judge_jsonl_has_a_header_then_one_line_per_item(
     assert [line["request_id"] for line in lines] == ids
     assert all(line["http_status"] == 200 and line["latency_s"] > 0 for line in lines)
     assert {line["reply"] for line in lines} <= {"CORRECT", "INCORRECT"}
+
+
+@pytest.mark.parametrize(
+    ("judge_url", "run_server", "given", "sent"),
+    [
+        ("http://gpu:8000/v1", "http://gpu:8000/v1", None, "run-key"),  # the run's own server
+        ("https://judge.example/v1", "http://gpu:8000/v1", None, None),  # elsewhere: not its key
+        ("https://judge.example/v1", None, None, None),  # the simulator's run
+        ("https://judge.example/v1", "http://gpu:8000/v1", "judge-key", "judge-key"),
+    ],
+)
+def test_run_judge_takes_the_runs_key_only_to_the_runs_own_server(
+    judge_url: str, run_server: str | None, given: str | None, sent: str | None
+) -> None:
+    from ipw_async.cli.judge import Judging
+
+    options = {"judge": judge_url, "base_url": run_server, "api_key": "run-key", "judge_api_key": given}
+    judging = Judging.from_options(options)
+    assert judging is not None and judging.api_key == sent

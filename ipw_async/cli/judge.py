@@ -7,6 +7,7 @@ import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import typer
 from rich.markup import escape
@@ -107,7 +108,8 @@ JUDGE_PARAMETERS = [
         annotation=Annotated[
             str | None,
             typer.Option(
-                help="The judge's API key (default: the run's --api-key). Never written to any file or log.",
+                help="The judge's API key (default: the run's --api-key, when the judge is on the run's server). "
+                "Never written to any file or log.",
                 show_default=False,
                 rich_help_panel=OUTPUT,
             ),
@@ -133,7 +135,10 @@ class Judging:
             url, model = parse_spec(options["judge"])
         except JudgeError as exc:
             raise fail(str(exc)) from None
-        return cls(url, model, options.get("judge_api_key") or options.get("api_key"))
+        key = options.get("judge_api_key")
+        if key is None and _same_origin(url, options.get("base_url") or options.get("upstream")):
+            key = options.get("api_key")  # the run's own key goes only where the run's calls go
+        return cls(url, model, key)
 
     def __call__(self, run_dir: Path, code: int) -> None:
         """Judge the run; a judge that fails is one warning line: the run, its exit ``code`` and
@@ -148,6 +153,13 @@ class Judging:
             _skipped(f"{exc} (rerun with --debug for the traceback)", run_dir, code)
         else:
             out.print(verdict_table(result))
+
+
+def _same_origin(url: str, other: str | None) -> bool:
+    if other is None:
+        return False
+    a, b = urlsplit(url), urlsplit(other)
+    return (a.scheme, a.hostname, a.port) == (b.scheme, b.hostname, b.port)
 
 
 def _skipped(why: str, run_dir: Path, code: int) -> None:
