@@ -8,7 +8,11 @@ import asyncio
 import json
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -53,6 +57,7 @@ class ScriptedJudge:
         self.rule: Rule = by_reference
         self.bodies: list[dict[str, Any]] = []
         self.auth: list[str | None] = []
+        self.hang_after: int | None = None  # calls answered before it stops answering
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
@@ -78,7 +83,7 @@ class ScriptedJudge:
         return len(self.bodies)
 
     def reset(self, rule: Rule = by_reference) -> None:
-        self.rule, self.bodies, self.auth = rule, [], []
+        self.rule, self.bodies, self.auth, self.hang_after = rule, [], [], None
 
     async def _models(self, _: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "scripted-judge", "object": "model"}]})
@@ -87,6 +92,8 @@ class ScriptedJudge:
         body = await request.json()
         self.bodies.append(body)
         self.auth.append(request.headers.get("Authorization"))
+        while self.hang_after is not None and self.calls > self.hang_after:  # until reset
+            await asyncio.sleep(0.05)
         asked = _ASKED.search(body["messages"][0]["content"])
         assert asked is not None, "not the judge prompt"
         reply = self.rule(asked.group(1), asked.group(2))
@@ -457,3 +464,38 @@ def test_run_judge_takes_the_runs_key_only_to_the_runs_own_server(
     options = {"judge": judge_url, "base_url": run_server, "api_key": "run-key", "judge_api_key": given}
     judging = Judging.from_options(options)
     assert judging is not None and judging.api_key == sent
+
+
+def test_ctrl_c_while_judging_keeps_the_verdicts_made_so_far(
+    single_run: Path, judge: ScriptedJudge, tmp_path: Path
+) -> None:
+    run_dir = copy(single_run, tmp_path)
+    judge.hang_after = 4
+    command = [
+        sys.executable,
+        "-m",
+        "ipw_async",
+        "judge",
+        str(run_dir),
+        "--judge",
+        judge.url,
+        "--concurrency",
+        "1",
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while judge.calls <= 4:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    header, *lines = [json.loads(line) for line in (run_dir / files.JUDGE).read_text().splitlines()]
+    assert header["judge"]["interrupted"] is True and len(lines) == 12
+    assert [line["verdict"] is not None for line in lines] == [True] * 4 + [False] * 8
+    assert all(line["error"].startswith("the judge was stopped") for line in lines[4:])
+    # the run is finalized with what was judged: 4 scored, the rest null and not counted
+    frame = records(run_dir).filter(~pl.col("warmup"))
+    assert frame["correct"].drop_nulls().len() == 4
+    assert frame["judge_error"].drop_nulls().len() == 8
+    judge.reset()  # the call it hangs on returns
