@@ -6,8 +6,10 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import polars as pl
 import pytest
 from aiohttp import web
 
+from ipw_async.errors import RunError
 from ipw_async.harness import RunConfig
 from ipw_async.proxy import TASK_HEADER, run_proxy
 from ipw_async.results import RunResult
@@ -47,6 +50,7 @@ class Upstream:
         self.authorizations: list[str | None] = []
         self.request_ids: list[str | None] = []
         self.bodies: list[dict[str, Any]] = []
+        self.released = False  # a hanging stream goes on (the server is stopping)
         self.seen: list[tuple[str, str | None, str | None]] = []  # query, accept-encoding, x-note
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -67,8 +71,8 @@ class Upstream:
                 request.transport.close()
                 return response
             await response.write(event)
-            if request.headers.get("x-script") == "hang":
-                await asyncio.sleep(60)
+            while request.headers.get("x-script") == "hang" and not self.released:
+                await asyncio.sleep(0.05)
             await asyncio.sleep(0.005)
         await response.write_eof()
         return response
@@ -94,6 +98,7 @@ async def upstream() -> AsyncIterator[tuple[Upstream, str]]:
     app.router.add_get("/v1/models", script.models)
     runner, url = await _serve(app)
     yield script, url
+    script.released = True
     await runner.cleanup()
 
 
@@ -102,10 +107,7 @@ def _config(tmp_path: Path, base_url: str | None, **extra: Any) -> RunConfig:
         base_url=base_url,
         output_dir=tmp_path / "run",
         telemetry="none" if base_url else "auto",
-        baseline_s=0,
-        tail_s=0,
-        duration=extra.pop("duration", 60),
-        **extra,
+        **({"baseline_s": 0, "tail_s": 0, "duration": 60} | extra),
     )
 
 
@@ -304,6 +306,23 @@ async def test_an_upstream_that_fails_is_the_callers_error_and_the_runs_record(
     assert b"[DONE]" not in got  # the caller sees the stream end early, as the upstream ended it
     record = pl.read_ipc_stream(tmp_path / "run" / "records.arrow").row(0, named=True)
     assert record["status"] == "error" and record["error_type"] == "disconnected"
+
+
+async def test_a_port_in_use_stops_the_proxy_before_its_baseline_and_leaves_no_directory(
+    tmp_path: Path, upstream: tuple[Upstream, str]
+) -> None:
+    _, base = upstream
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(
+            RunError, match=rf"^the proxy cannot listen on 127.0.0.1:{port} .*choose another --port"
+        ):
+            await run_proxy(_config(tmp_path, base, baseline_s=5), port=port)
+    assert time.monotonic() - started < 5  # refused before the 5 s baseline, not after it
+    assert not (tmp_path / "run").exists()  # nothing measured: the same command runs once fixed
 
 
 async def test_an_upstream_that_went_away_answers_502_with_the_reason(tmp_path: Path) -> None:

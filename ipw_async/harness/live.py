@@ -57,6 +57,13 @@ class CallSource(Protocol):
 
     label: str  # the run directory's load label
 
+    def reserve(self) -> None:
+        """Take what serving needs and may be refused (a port), before the run measures:
+        RunError when it cannot."""
+
+    def release(self) -> None:
+        """Give back what :meth:`reserve` took (the run is over, served or not)."""
+
     async def serve(
         self, ledger: RunLedger, upstream: ClientConfig, t0_ns: int, deadline_ns: int | None
     ) -> None: ...
@@ -257,6 +264,9 @@ class _LiveRun:
             stack.push_async_callback(_last_reading, sampler)
             state.phase = Phase.STARTING
             dispatch = await self._dispatch(stack, ledger, client, model, anchor.monotonic_ns, base_url)
+            if self.source is not None:
+                self.source.reserve()
+                stack.callback(self.source.release)
             self.unstarted = None
             tasks = _Tasks()
             stack.push_async_callback(tasks.cancel_all)

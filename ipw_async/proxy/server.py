@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,26 @@ class RecordingProxy:
         self._tasks: dict[str, _Task] = {}
         self._task_ids = 0
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._socket: socket.socket | None = None
+
+    def reserve(self) -> None:
+        """The port, bound before the run measures, so a port in use stops it at once; nothing
+        is accepted on it until the baseline is over (it does not listen yet)."""
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise RunError(
+                f"the proxy cannot listen on {self.host}:{self.port} ({exc.strerror or exc}); "
+                "choose another --port"
+            ) from None
+        self._socket = sock
+
+    def release(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
 
     async def serve(
         self, ledger: RunLedger, upstream: ClientConfig, t0_ns: int, deadline_ns: int | None
@@ -74,15 +95,12 @@ class RecordingProxy:
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port, backlog=4096)
-            try:
-                await site.start()
-            except OSError as exc:
-                raise RunError(
-                    f"the proxy cannot listen on {self.host}:{self.port} ({exc.strerror or exc}); "
-                    "choose another --port"
-                ) from None
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            if self._socket is None:
+                self.reserve()
+            assert self._socket is not None
+            port = self._socket.getsockname()[1]
+            site = web.SockSite(runner, self._socket, backlog=4096)  # it listens from here on
+            await site.start()
             self.url = f"http://{self.host}:{port}/v1"
             if self.ready is not None:
                 self.ready(self.url)
