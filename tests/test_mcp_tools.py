@@ -256,7 +256,7 @@ async def test_a_server_that_dies_mid_run_fails_its_calls_at_once_and_the_rest_g
     assert {c["server"] for c in calc} == {"python srv.py"}
     assert all(c["error"].startswith("MCP server python srv.py exited: connection closed") for c in calc)
     assert "its stderr ends: dying on purpose" in calc[0]["error"]
-    assert all(c["latency_s"] < 0.1 for c in calc[4:])  # once it is known gone: no wait, no hang
+    assert all(c["latency_s"] < 1 for c in calc[4:])  # once it is known gone: no 30 s wait, no hang
     died = calc[0]["started_ns"]
     later = [c for c in calls if c["name"] == "lookup" and c["started_ns"] > died]
     assert later and all(c["ok"] and c["server"] == "python srv.py#2" for c in later)
@@ -337,7 +337,7 @@ async def test_an_http_server_gone_mid_session_fails_every_later_call(
         start = time.perf_counter()
         with pytest.raises(ToolError, match=rf"^MCP server {url} exited: ConnectError"):
             await tools.run("lookup", {"key": "capital of France"})
-        assert time.perf_counter() - start < 0.05
+        assert time.perf_counter() - start < 1  # at once: not after the 5 s timeout
 
 
 @pytest.fixture(scope="module")

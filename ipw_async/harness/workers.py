@@ -28,6 +28,7 @@ from .._loop import run as run_loop
 from ..client import StreamingClient
 from ..errors import RunError
 from ..workload import WorkUnit, opened
+from ..workload.mcp_tools import START_TIMEOUT_S
 from .ledger import Coordinator
 from .worker_protocol import (
     CLOSE_TIMEOUT_S,
@@ -46,6 +47,10 @@ from .worker_protocol import (
     WorkerSink,
     run_unit,
 )
+
+# A worker opens its workload's MCP servers as it starts: it says why one did not start (within
+# that server's own limit) before this limit says only that the workers did not
+START_S = START_TIMEOUT_S + 30
 
 STREAMS_PER_WORKER = 128  # ``auto``: about what one core streams before its loop lags
 
@@ -203,7 +208,7 @@ class WorkerPool:
         self._consumer = loop.create_task(self._consume())
         ready = loop.create_task(self._ready_event.wait())
         died = loop.create_task(self._died_event.wait())
-        await asyncio.wait({ready, died}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({ready, died}, timeout=START_S, return_when=asyncio.FIRST_COMPLETED)
         ready.cancel()
         died.cancel()
         if not self._ready_event.is_set():
@@ -215,7 +220,7 @@ class WorkerPool:
                     f"worker process {dead[0][0]} exited while starting (exit code {dead[0][1]}); "
                     "run with --workers 1 to see why"
                 )
-            raise RunError("the worker processes did not start within 60 s")
+            raise RunError(f"the worker processes did not start within {START_S:.0f} s")
 
     def _on_message(self, index: int) -> None:
         conn = self._conns[index]
