@@ -124,9 +124,27 @@ def test_repeats_pool_their_requests_and_widen_the_interval_by_their_spread() ->
     point, boot = margins([slo], runs, seed=0)
     assert point[0] == pytest.approx(0.2, abs=0.02)
     assert np.ptp(boot[:, 0]) > 5 * np.ptp(requests_only[:, 0])
-    assert boot[:, 0].max() == pytest.approx(0.3, abs=0.02) and boot[:, 0].min() == pytest.approx(
-        0.1, abs=0.02
-    )
+    # the extremes (every draw the fastest run, or the slowest), widened by √(3/2): resampling
+    # three runs leaves out a third of their mean's variance
+    widened = 0.1 * np.sqrt(3 / 2)
+    assert boot[:, 0].max() == pytest.approx(0.2 + widened, abs=0.02)
+    assert boot[:, 0].min() == pytest.approx(0.2 - widened, abs=0.02)
+
+
+def test_an_interval_reaches_past_the_probes_where_replicates_pass_them_all() -> None:
+    # the highest probe fails only just: in some replicates every probe passes, and there the
+    # boundary lies above it, where the margins' fall carries them to zero (at most 2× out)
+    loads = np.array([2.0, 4.0, 6.0, 7.0, 8.0])
+    rng = np.random.default_rng(5)
+    replicates = [m + rng.normal(0, 0.03, BOOTSTRAP) for m in (0.6, 0.3, 0.1, 0.05, -0.01)]
+    found = boundary(loads, np.array([0.6, 0.3, 0.1, 0.05, -0.01]))
+    assert found.estimate is not None and 7 < found.estimate < 8
+    interval = boundary_interval(loads, replicates)
+    assert interval is not None and 8.0 < interval[1] <= 16.0
+    # and below the lowest probe where every probe fails in some replicates
+    replicates = [m + rng.normal(0, 0.03, BOOTSTRAP) for m in (0.01, -0.2, -0.4)]
+    interval = boundary_interval(np.array([4.0, 8.0, 16.0]), replicates)
+    assert interval is not None and 2.0 <= interval[0] < 4.0
 
 
 def test_a_search_finds_the_boundary_on_the_simulator_and_prices_it(tmp_path: Path) -> None:

@@ -169,18 +169,35 @@ def boundary_interval(
     loads: np.ndarray, replicates: list[np.ndarray], level: float = 0.95
 ) -> tuple[float, float] | None:
     """The boundary's bootstrap interval: ``replicates`` holds per probe its replicates' tightest
-    margins (one row each). A replicate whose probes all pass (or all fail) puts the boundary at
-    the edge of what was probed: censored there, not dropped."""
+    margins (one row each). A replicate whose probes all pass (or all fail) puts the boundary
+    beyond what was probed: where its two outermost probes' margins, continued, cross zero, at
+    most a doubling (or halving) out, since no probe says more."""
     if not replicates:
         return None
     boot = np.column_stack(replicates)  # replicate × probe
     estimates = []
     for row in boot:
         b = boundary(loads, row)
-        if b.estimate is not None:
-            estimates.append(b.estimate)
-        else:
-            estimates.append(float(loads.max() if b.infeasible_min is None else loads.min()))
+        estimates.append(b.estimate if b.estimate is not None else _beyond(loads, row, b))
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(estimates, [tail, 100 - tail])
     return float(low), float(high)
+
+
+def _beyond(loads: np.ndarray, tightest: np.ndarray, found: Boundary) -> float:
+    """A boundary past the probes: the outermost two probes' fitted margins continued in
+    log-load to zero, within a factor of 2 of the outermost probe."""
+    order = np.argsort(loads)
+    x = np.log(loads[order].astype(float))
+    above = found.infeasible_min is None  # every probe passed: the boundary is above them
+    edge = x[-1] if above else x[0]
+    if x.size < 2 or x[-1] == x[0]:
+        return float(np.exp(edge))
+    m = isotonic_regression(np.where(np.isfinite(tightest[order]), tightest[order], -1e6), increasing=False).x
+    # the margin's fall per unit of log-load between the two outermost probes (≥ 0: monotone)
+    inner, outer = (-2, -1) if above else (1, 0)
+    fall = (m[inner] - m[outer]) / abs(x[outer] - x[inner])
+    # from the edge, out (above) or in (below) to where that fall brings the margin to zero
+    reach = abs(m[outer]) / fall if fall > 0 else np.inf
+    step = min(reach, np.log(2))
+    return float(np.exp(edge + step if above else edge - step))
