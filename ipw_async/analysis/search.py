@@ -100,9 +100,7 @@ def margins(
     One run: its requests resampled. Several repeats of the probe: a hierarchical bootstrap, the
     repeats resampled first and then each drawn repeat's requests, so the interval holds the
     difference between runs of one load (another seed, another warm-up) as well as between
-    requests; requests alone would call the runs' spread certainty. Resampling R runs spreads
-    their mean by (R − 1)/R of its variance (a half, for two repeats), so each replicate's
-    distance from the point is widened by √(R/(R − 1)).
+    requests; requests alone would call the runs' spread certainty.
     """
     runs = [records] if isinstance(records, pl.DataFrame) else list(records)
     samples = [[slo.samples(r) for slo in slos] for r in runs]  # run × SLO
@@ -115,11 +113,6 @@ def margins(
         draws = [rng.integers(0, max(run[0].size, 1), size=run[0].size) for run in picked]
         for j, slo in enumerate(slos):
             boot[b, j] = slo.margin(np.concatenate([run[j][d] for run, d in zip(picked, draws, strict=True)]))
-    if len(runs) > 1:
-        with np.errstate(invalid="ignore"):  # a margin of −inf (every request failed) stays so
-            boot = np.where(
-                np.isfinite(boot), point + (boot - point) * np.sqrt(len(runs) / (len(runs) - 1)), boot
-            )
     return point, boot
 
 
