@@ -30,9 +30,7 @@ class Network(Protocol):
         server_hostname: str | None,
     ) -> Connection: ...
 
-    async def start_tls(
-        self, connection: Connection, tls: ssl.SSLContext, server_hostname: str
-    ) -> None: ...
+    async def start_tls(self, connection: Connection, tls: ssl.SSLContext, server_hostname: str) -> None: ...
 
 
 class Sockets:
@@ -55,7 +53,9 @@ class Sockets:
     async def start_tls(self, connection: Connection, tls: ssl.SSLContext, server_hostname: str) -> None:
         loop = asyncio.get_running_loop()
         assert connection.transport is not None
-        transport = await loop.start_tls(connection.transport, connection, tls, server_hostname=server_hostname)
+        transport = await loop.start_tls(
+            connection.transport, connection, tls, server_hostname=server_hostname
+        )
         connection.transport = transport  # type: ignore[assignment]
 
 
@@ -92,6 +92,9 @@ def _authority(host: str, port: int, default_port: int | None) -> bytes:
     name = f"[{host}]" if ":" in host else host
     text = name if port == default_port else f"{name}:{port}"
     return text.encode("ascii") if text.isascii() else text.encode("idna")
+
+
+_ROUTES_KEPT = 256  # parsed URLs a pool keeps: a run has one, a proxy a few
 
 
 def route_for(url: str) -> Route:
@@ -163,6 +166,8 @@ class ConnectionPool:
     def route(self, url: str) -> Route:
         route = self._routes.get(url)
         if route is None:
+            if len(self._routes) >= _ROUTES_KEPT:  # a proxy's callers choose paths and queries
+                self._routes.clear()
             route = self._routes[url] = route_for(url)
         return route
 
@@ -226,7 +231,9 @@ class ConnectionPool:
                     connection = await self._network.open(host, port, factory, None, None)
                     await self._through(connection, route, tls)  # type: ignore[arg-type]
         except TimeoutError:
-            raise httpx.ConnectTimeout(f"no connection to {where} within {self.connect_timeout_s:g} s") from None
+            raise httpx.ConnectTimeout(
+                f"no connection to {where} within {self.connect_timeout_s:g} s"
+            ) from None
         except ssl.SSLError as exc:
             raise httpx.ConnectError(f"the TLS handshake with {where} failed: {exc.reason or exc}") from None
         except OSError as exc:
