@@ -145,6 +145,8 @@ def test_an_interval_reaches_past_the_probes_where_replicates_pass_them_all() ->
     assert interval is not None and 2.0 <= interval[0] < 4.0
 
 
+# slow (22 s): `python benchmarks/search_validity.py --only accuracy` runs 20 such searches
+@pytest.mark.slow
 def test_a_search_finds_the_boundary_on_the_simulator_and_prices_it(tmp_path: Path) -> None:
     out = tmp_path / "search"
     args = ["search", "--slo", "ttft_p90=80ms", "--slo", "error_rate=5%", "--start", "2", "--max-probes", "4"]

@@ -151,6 +151,8 @@ async def test_a_rate_far_above_capacity_is_stopped_and_every_record_kept(tmp_pa
     assert summary["steady"]["steady"] in (False, None)
 
 
+# slow (21 s): `python benchmarks/search_validity.py --only oversaturation` runs it 20 times
+@pytest.mark.slow
 async def test_a_rate_at_two_thirds_of_capacity_is_steady_and_not_flagged(tmp_path: Path) -> None:
     result = await run_benchmark(small_config(tmp_path, rate=14.0, duration=20.0, on_oversaturation="stop"))
     summary = result.summary
