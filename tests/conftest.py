@@ -85,14 +85,3 @@ async def stream_record(events: list[tuple[int, bytes]], end_ns: int | None = No
     """A record filled from a scripted event stream, each event in its own chunk at its time."""
     record, _ = await scripted_send(Reply.sse(events, end_ns=end_ns))
     return record
-
-
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[str]:
-    """A Ray cluster on loopback, a head and a worker node of one CPU each, shared by the
-    session's Ray tests (starting one takes seconds)."""
-    pytest.importorskip("ray")
-    from ipw_async.harness.ray_pool import local_cluster
-
-    with local_cluster(nodes=2) as address:
-        yield address

@@ -340,6 +340,16 @@ async def test_an_http_server_gone_mid_session_fails_every_later_call(
         assert time.perf_counter() - start < 1  # at once: not after the 5 s timeout
 
 
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    """A one-node Ray cluster on loopback (one CPU: room for one actor)."""
+    pytest.importorskip("ray")
+    from ipw_async.harness.ray_pool import local_cluster
+
+    with local_cluster(nodes=1) as address:
+        yield address
+
+
 async def test_a_ray_actor_opens_its_own_servers(tmp_path: Path, server: str, ray_cluster: str) -> None:
     config = agentic(tmp_path / "ok", mcp=["builtin"], ray=ray_cluster, workers="1", max_queries=12)
     tasks = task_lines((await asyncio.wait_for(run_benchmark(config), 120)).run_dir)

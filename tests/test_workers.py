@@ -16,6 +16,7 @@ from ipw_async import run, run_benchmark
 from ipw_async._clock import now_ns
 from ipw_async.client import ClientConfig
 from ipw_async.errors import RunAborted, RunError
+from ipw_async.harness.ray_pool import local_cluster
 from ipw_async.harness.worker_protocol import Kept, Renumbering, Started, TaskDone, WorkerSetup
 from ipw_async.harness.workers import WorkerPool, auto_workers
 from ipw_async.records import RequestRecord
@@ -79,6 +80,14 @@ async def test_a_bad_worker_count_is_refused_before_anything_starts(tmp_path: Pa
     with pytest.raises(RunError, match="--workers must be"):
         await run_benchmark(quick_config(tmp_path, workers="0"))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    """A Ray cluster on loopback: a head node and a worker node, one CPU each."""
+    pytest.importorskip("ray")
+    with local_cluster(nodes=2) as address:
+        yield address
 
 
 async def test_ray_actors_on_two_nodes_fill_one_run_directory(tmp_path: Path, ray_cluster: str) -> None:
