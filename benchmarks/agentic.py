@@ -32,12 +32,8 @@ import argparse
 import asyncio
 import contextlib
 import random
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,36 +43,13 @@ import numpy as np
 from ipw_async import QueryTrace, RunConfig, run_benchmark
 from ipw_async.analysis import mean_ci
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
+from ipw_async.workload.builtin_mcp import served_over_http
 
 PATHS = ("in-process", "mcp-stdio", "mcp-http", "proxy", "proxy-whole")
 
 
 def tasks_for(agents: int) -> int:
     return max(24, 2 * agents)
-
-
-@contextlib.contextmanager
-def http_tools() -> Iterator[str]:
-    """The built-in tools served over streamable HTTP on a free loopback port: their URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "ipw_async.workload.builtin_mcp", "--http", str(port)]
-    proc = subprocess.Popen(command)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the built-in MCP server did not start over HTTP") from None
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 async def simulated_run(
@@ -87,7 +60,7 @@ async def simulated_run(
     with SimulatorProcess(sim_config) as sim, contextlib.ExitStack() as stack:
         mcp = ["builtin"] if path == "mcp-stdio" else []
         if path == "mcp-http":
-            mcp = [stack.enter_context(http_tools())]
+            mcp = [stack.enter_context(served_over_http())[0]]
         config = RunConfig(
             base_url=sim.base_url,
             workload="agentic",

@@ -20,6 +20,7 @@ import pytest
 from ipw_async import RunError, run_benchmark
 from ipw_async.traces import QueryTrace
 from ipw_async.workload.agentic import react_preamble
+from ipw_async.workload.builtin_mcp import served_over_http
 from ipw_async.workload.mcp_tools import McpServer, McpTools
 from ipw_async.workload.tasks import builtin_tasks
 from ipw_async.workload.tools import BUILTIN_TOOLS, ToolError, ToolSpec
@@ -91,21 +92,8 @@ def free_port() -> int:
 @pytest.fixture
 def http_builtin() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """The built-in server over streamable HTTP on a free loopback port: its URL and process."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ipw_async.workload.builtin_mcp", "--http", str(port)])
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "the HTTP server did not start"
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp", proc
-    finally:
-        proc.kill()
-        proc.wait()
+    with served_over_http() as served:
+        yield served
 
 
 def agentic(tmp_path: Path, **overrides: object) -> Any:

@@ -10,7 +10,13 @@ its message. Needs the ``mcp`` extra.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -62,6 +68,31 @@ async def serve_http(port: int, host: str = "127.0.0.1") -> None:
 
     app = server().streamable_http_app(host=host)
     await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+
+
+@contextlib.contextmanager
+def served_over_http(timeout_s: float = 30.0) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """This server over streamable HTTP in a process of its own, on a free loopback port: its
+    URL and process, once it accepts connections (for trying ``--mcp URL``; tests and
+    benchmarks use it). RuntimeError when it does not start."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", __name__, "--http", str(port)])
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the built-in MCP server did not start over HTTP") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp", proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def main(argv: list[str] | None = None) -> None:
