@@ -28,6 +28,9 @@ from ipw_async.telemetry_agent import AgentProcess
 
 from .conftest import quick_config
 
+# agents' clock offsets, round trips and gaps are measured here: no other test beside them
+pytestmark = pytest.mark.timing
+
 SHIFT_S = 1234.5  # the agent's clock reads this much ahead of ours
 
 
@@ -327,10 +330,20 @@ async def test_a_hung_agent_costs_only_its_own_meter(tmp_path: Path) -> None:
         result = await run
     remote = f"sim@127.0.0.1:{agent.port}"
     sampler = result.summary["telemetry"]["sampler"]
-    assert sampler["gaps"]["cpu-model"]["largest_ms"] < 500  # this machine's meter kept its ticks
     assert sampler["gaps"][remote]["largest_ms"] > 1500  # the agent's went quiet while it hung
-    # the hang alone would skip about 100 ticks (5 s of 50 ms); a starved 2-core CI skips a few
-    assert sampler["skipped_ticks"] < 10
+    # this machine's meter kept its ticks through the hang: read on the tick thread, a hung
+    # agent would hold every tick for its 2 s timeout and leave one or two readings in it.
+    # Counted inside the hang, not as a run-wide largest gap: a starved 2-core CI stalls the
+    # whole process for a few hundred ms now and then, agent or no agent.
+    log = pl.read_ipc_stream(tmp_path / "run" / "telemetry.arrow")
+    remote_t = log.filter(pl.col(f"{remote}.energy_j").is_not_null()).get_column(f"{remote}.t_ns").to_numpy()
+    hang = int(np.argmax(np.diff(remote_t)))
+    start, end = remote_t[hang], remote_t[hang + 1]
+    local_t = log.filter(pl.col("cpu-model.power_w").is_not_null()).get_column("cpu-model.t_ns").to_numpy()
+    during = np.count_nonzero((local_t > start) & (local_t < end))
+    expected = (end - start) / (sampler["period_ms"] * 1e6)
+    assert during >= 0.5 * expected, (during, expected)
+    assert sampler["skipped_ticks"] < expected / 2
     provenance = set(result.records.get_column(f"{remote}.provenance").to_list())
     assert "imputed" in provenance
     assert result.summary["telemetry"]["clocks"][remote]["reconnects"] >= 1
