@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import compileall
+import contextlib
+import fcntl
+import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +25,36 @@ from ipw_async.transport.scripted import Reply, ScriptedNetwork
 # first, that cannot hold up the accuracy tests (the first of them, on a fresh CI clone, saw
 # its sampler's ticks up to 65 ms late; compiling was the likeliest cause found)
 compileall.compile_dir(Path(ipw_async.__file__).parent, quiet=1)
+
+
+@contextlib.contextmanager
+def _turn(alone: bool) -> Iterator[None]:
+    """Under pytest-xdist: a test marked ``timing`` runs with no other test running beside it,
+    the rest side by side. A reader-writer lock over files every worker opens: the gate lets a
+    waiting ``timing`` test in before later tests (without it, two workers taking turns could
+    keep the shared lock held for ever)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:  # one process: every test runs alone already
+        yield
+        return
+    base = Path(tempfile.gettempdir()) / f"ipw-async-tests-{run}"
+    with open(f"{base}.gate", "a") as gate, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    # setup and teardown too: a module's simulator or Ray cluster starts in its first test's setup
+    with _turn(alone=item.get_closest_marker("timing") is not None):
+        return (yield)
 
 
 def fast_engine(**overrides: object) -> EngineConfig:

@@ -15,6 +15,9 @@ from ipw_async.sim.account import known_energy
 
 from .conftest import fast_engine
 
+# per-query energy is held to the counter's resolution in time: no other test beside them
+pytestmark = pytest.mark.timing
+
 
 def _p95(estimate: dict[int, float], truth: dict[str, float], ids: list[int]) -> float:
     est = np.array([estimate[i] for i in ids])

@@ -325,6 +325,7 @@ def test_energy_is_conserved_over_random_schedules(
     assert (low <= energy + 1e-9).all() and (energy <= high + 1e-9).all()
 
 
+@pytest.mark.timing
 async def test_simulated_run_adds_up_and_tracks_the_truth(tmp_path: Path) -> None:
     from ipw_async.sim import SimulatorProcess
 

@@ -13,6 +13,9 @@ import pytest
 from ipw_async._clock import now_ns
 from ipw_async.load import LoadSpec, drive
 
+# ramps and deadlines are checked against the wall clock: no other test beside them
+pytestmark = pytest.mark.timing
+
 NS = 1_000_000_000
 
 

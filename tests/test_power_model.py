@@ -266,6 +266,7 @@ def test_a_measured_baseline_anchors_static_power() -> None:
 SHORT_RUN = Path(__file__).parent / "data" / "short_run"
 
 
+@pytest.mark.timing
 def test_a_short_run_finds_the_meters_lag_and_the_curve_together(tmp_path: Path) -> None:
     # 48 queries at c=8 on the simulator's default device (a 40 ms meter lag, a concave curve,
     # 60 W a step), 2.6 s read by a 100 ms counter: 26 intervals. Alone, the lag and the curve

@@ -228,6 +228,7 @@ async def _send(base_url: str, read_timeout: float = 5.0) -> RequestRecord:
 EVENT = b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}\n\n'
 
 
+@pytest.mark.timing
 async def test_odd_servers_get_a_clear_outcome(odd_server: Callable[..., object]) -> None:
     # HTTP/1.0, no length, the stream ends when the connection closes: a whole answer
     http10 = await odd_server(

@@ -53,6 +53,7 @@ async def test_embedded_run_writes_a_complete_run_directory(tmp_path: Path) -> N
     assert (run_dir / "telemetry.arrow").exists()
 
 
+@pytest.mark.timing
 async def test_closed_loop_holds_exactly_n_in_flight(tmp_path: Path) -> None:
     result = await run_benchmark(quick_config(tmp_path, concurrency=6, max_queries=60, telemetry="none"))
     frame = result.records
@@ -66,6 +67,7 @@ async def test_closed_loop_holds_exactly_n_in_flight(tmp_path: Path) -> None:
     assert min(int(((starts <= s) & (ends > s)).sum()) for s in steady) == 6
 
 
+@pytest.mark.timing
 async def test_rate_mode_spaces_arrivals(tmp_path: Path) -> None:
     config = quick_config(
         tmp_path, concurrency=None, rate=40.0, arrival="poisson", max_queries=80, telemetry="none"

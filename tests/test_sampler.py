@@ -14,6 +14,9 @@ from ipw_async._clock import now_ns
 from ipw_async.telemetry import OpenSource, Sampler
 from ipw_async.telemetry.base import Meter, Reading, SourceInfo, TelemetrySource
 
+# its ticks' lateness is measured on this machine's clock: no other test beside them
+pytestmark = pytest.mark.timing
+
 
 class SlowCounter(TelemetrySource):
     """A source whose read blocks for 3 ms, as a driver call might."""

@@ -22,6 +22,9 @@ from ipw_async.workload.datasets import builtin_qa
 
 from .conftest import fast_engine
 
+# the simulator's TTFT and step times are measured in real time: no other test beside them
+pytestmark = pytest.mark.timing
+
 
 async def _ttfts(base_url: str, n: int) -> list[float]:
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=n)) as client:

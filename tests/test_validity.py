@@ -17,6 +17,9 @@ from ipw_async.validity.precision import parse_targets, ratio_interval
 from ipw_async.validity.saturation import Arrivals, assess
 from ipw_async.validity.steady import BATCH, level_shift, mser
 
+# over-saturation and steady windows are read from TTFT trends: no other test beside them
+pytestmark = pytest.mark.timing
+
 
 def queue(rate: float, servers: int, service_s: float, seconds: float, seed: int = 0) -> Arrivals:
     """Poisson arrivals served first come, first served by ``servers`` servers."""
