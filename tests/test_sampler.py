@@ -38,7 +38,8 @@ class SlowCounter(TelemetrySource):
 async def test_sampler_keeps_deadlines_while_the_loop_is_busy() -> None:
     source = SlowCounter()
     t0 = now_ns()
-    sampler = Sampler([OpenSource(source, source.open())], period_s=0.02, t0_ns=t0)
+    # no counter probe: its 2 ms reads (3 ms each here) would hold up the ticks themselves
+    sampler = Sampler([OpenSource(source, source.open())], period_s=0.02, t0_ns=t0, probe_s=0)
     task = asyncio.create_task(sampler.run())
     end = time.monotonic() + 1.0
     while time.monotonic() < end:  # other work holds the loop in 2 ms slices, ~80% of the time
@@ -56,10 +57,13 @@ async def test_sampler_keeps_deadlines_while_the_loop_is_busy() -> None:
     assert np.allclose(steps, np.round(steps))
     # every tick up to the last one sampled was either sampled or counted as skipped
     ticks = int((deadlines[-1] - deadlines[0]) // 20_000_000) + 1
-    assert frame.height + sampler.skipped >= ticks
-    assert frame.height >= 2
-    assert (frame.get_column("lateness_ns") >= 0).all()
-    # the read took 3 ms but ran in a worker thread, recorded as the read latency
+    assert frame.height + sampler.skipped == ticks
+    assert frame.height >= 40  # a second of 20 ms ticks, a few skipped at most
+    # on its own thread the ticks wake on time: a timer on the loop would wait out each 2 ms
+    # slice (p90 ~2 ms); the thread waits only for the GIL's 0.5 ms switch interval (p90
+    # 0.7–0.8 ms measured, 2 ms with CPython's default 5 ms)
+    assert np.percentile(frame.get_column("lateness_ns").to_numpy(), 90) < 1.5e6
+    # the read's 3 ms are its latency, off the loop
     assert frame.get_column("slow.read_ns").median() >= 3e6
     assert frame.get_column("slow.energy_j").is_sorted()
 
