@@ -399,7 +399,8 @@ class RunConfig:
         default=1.0,
         metadata=option(
             "Seconds of 2 ms reads, at the start and every 20 s, to learn when each energy "
-            "counter updates so its reads are timed exactly (0: time them to the midpoint between reads).",
+            "counter updates so its reads are timed exactly (twice as long while a counter's phase "
+            "is not yet pinned to 0.2 ms; 0: time them to the midpoint between reads).",
             panel=TELEMETRY,
         ),
     )

@@ -26,6 +26,13 @@ PROBE_EVERY_NS = 20_000_000_000
 SECOND_PROBE_AFTER_NS = 4_000_000_000  # the first two probes: a period from the span between them
 PROBE_PATIENCE = 5
 MIN_UPDATES = 4
+# A probe goes on, up to PIN_PATIENCE times its length, until its reads pin a clean counter's
+# phase to PHASE_BAND_NS: each update is bracketed by two reads some 2 ms apart at a random
+# offset, so the ten updates of a 100 ms counter in a second leave a band near a third of a ms
+# and the grid lands up to 0.4–0.6 ms off (p95 and worst of 200 drawn probes); read twice as
+# long, 0.2–0.4 ms (benchmarks/fleet_telemetry.py measures it on a live counter).
+PIN_PATIENCE = 2
+PHASE_BAND_NS = 200_000
 # how finely the sampler tries out tick phases to keep its reads clear of counter updates
 CLEARANCE_STEP_NS = 250_000
 
@@ -150,6 +157,21 @@ def learn_grid(t: np.ndarray, e: np.ndarray) -> CounterGrid | None:
     return CounterGrid(
         period, phase + float(np.median(k).round()) * period, start, max(resolution, scatter)
     )
+
+
+def settled(t: np.ndarray, e: np.ndarray, grid: CounterGrid) -> bool:
+    """Whether more reads would not place ``grid`` better: a counter as fast as its reads, one
+    whose sharp brackets leave phases no wider than ``PHASE_BAND_NS``, or one whose brackets
+    disagree (its updates jitter, or a read was stamped late: more reads cannot pin it)."""
+    if grid.period_ns <= 0:
+        return True
+    changed = np.flatnonzero(np.diff(e) > 0) + 1
+    before, after = t[changed - 1], t[changed]
+    sharp = after - before < grid.period_ns / 4
+    before, after = before[sharp], after[sharp]
+    k = np.round(((before + after) / 2 - grid.phase_ns) / grid.period_ns) * grid.period_ns
+    # the phases every bracket allows; below zero, brackets that disagree (a late stamp)
+    return bool(np.min(after - k) - np.max(before - k) <= PHASE_BAND_NS)
 
 
 def _within_brackets(

@@ -20,12 +20,14 @@ from ..stats import distribution
 from .base import Meter, Reading, SourceInfo, TelemetrySource, read_time, time_column, timed_read
 from .cadence import (
     CLEARANCE_STEP_NS,
+    PIN_PATIENCE,
     PROBE_EVERY_NS,
     PROBE_INTERVAL_NS,
     PROBE_PATIENCE,
     SECOND_PROBE_AFTER_NS,
     CounterGrid,
     learn_grid,
+    settled,
 )
 
 
@@ -158,7 +160,7 @@ class Sampler:
     skipped (and counted), not bunched up. For ``probe_s`` at the start, and again every
     20 s, it also reads about every 2 ms, to learn when each energy counter updates (see
     :mod:`.cadence`); a counter too slow to show its grid in that time is probed up to five
-    times longer. After each probe the ticks move to read the counters clear of their updates. With ``realtime`` the thread asks the OS for real-time scheduling: on a
+    times longer, and one whose phase its reads have not yet pinned up to twice as long. After each probe the ticks move to read the counters clear of their updates. With ``realtime`` the thread asks the OS for real-time scheduling: on a
     machine whose cores are all busy (the server beside the harness) an ordinary thread can
     wait milliseconds to be run.
     """
@@ -305,18 +307,18 @@ class Sampler:
             learned = False
             if probing and woke >= probe_next:
                 probe.append(self._read_counters() if full is None else list(full))
-                learned = woke >= probe_end and self._learn_grids(
-                    probe, final=woke - probe_start >= PROBE_PATIENCE * self.probe_ns
-                )
+                learned = woke >= probe_end and self._learn_grids(probe, woke - probe_start)
                 if learned:
                     probe = []
-                    probe_start = probe_next = start + ((woke - start) // PROBE_EVERY_NS + 1) * PROBE_EVERY_NS
+                    began, probe_start = probe_start, start + ((woke - start) // PROBE_EVERY_NS + 1) * PROBE_EVERY_NS
                     probes += 1
                     if probes == 1:
                         # one probe times a slow counter's period only to some 100 ppm (13
-                        # updates of a 77 ms one: 10 ms adrift by 12 s); the next, soon after,
-                        # pins it from the whole span between them (see cadence.chained)
-                        probe_start = probe_next = min(probe_next, woke + SECOND_PROBE_AFTER_NS)
+                        # updates of a 77 ms one: 10 ms adrift by 12 s); the next, soon after
+                        # (from when the first began: however long it went on to pin its
+                        # phase), pins it from the whole span between them (cadence.chained)
+                        probe_start = min(probe_start, max(woke, began + SECOND_PROBE_AFTER_NS))
+                    probe_next = probe_start
                     probe_end = probe_start + self.probe_ns
                 else:
                     if woke >= probe_end:  # a counter too slow to show its grid yet: go on
@@ -342,7 +344,7 @@ class Sampler:
             if learned:
                 deadline += self._clear_of_updates(deadline)
         if probe and now_ns() - probe_start >= self.probe_ns:  # one cut short shows too little
-            self._learn_grids(probe, final=True)
+            self._learn_grids(probe, None)
 
     def _clear_of_updates(self, deadline: int) -> int:
         """How much later to put the ticks so that their counter reads fall between updates.
@@ -365,10 +367,15 @@ class Sampler:
             clearance = np.minimum(clearance, np.minimum(since, g.period_ns - since).min(axis=1))
         return int(shifts[int(np.argmax(clearance))])
 
-    def _learn_grids(self, probe: list[list[tuple[Reading, int, int] | None]], final: bool) -> bool:
-        """Learn every counter's grid from a probe's reads; False (and nothing kept) while one
-        has shown too few updates and the probe may go on."""
+    def _learn_grids(self, probe: list[list[tuple[Reading, int, int] | None]], elapsed_ns: int | None) -> bool:
+        """Learn every counter's grid from a probe's reads, ``elapsed_ns`` long (None: it has
+        to end now); False (and nothing kept) while the probe may go on: up to
+        ``PROBE_PATIENCE`` times its length for a counter that has shown too few updates, up
+        to ``PIN_PATIENCE`` times for one whose phase its reads have not pinned yet."""
+        patient = elapsed_ns is not None and elapsed_ns < PROBE_PATIENCE * self.probe_ns
+        pinning = elapsed_ns is not None and elapsed_ns < PIN_PATIENCE * self.probe_ns
         learned: dict[str, CounterGrid | None] = {}
+        pinned = True
         for i, s in enumerate(self._sources):
             source_reads = [reads[i] for reads in probe]
             for meter in s.info.meters:
@@ -381,8 +388,9 @@ class Sampler:
                 ]
                 t = np.array([p[0] for p in points], dtype=float) - self.t0_ns
                 e = np.array([p[1] for p in points], dtype=float)
-                learned[meter.channel] = learn_grid(t, e)
-        if not final and None in learned.values():
+                grid = learned[meter.channel] = learn_grid(t, e)
+                pinned = pinned and (grid is None or settled(t, e, grid))
+        if (patient and None in learned.values()) or (pinning and not pinned):
             return False
         for channel, grid in learned.items():
             if grid is not None:
