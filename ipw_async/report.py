@@ -126,7 +126,8 @@ def _telemetry_rows(table: Table, telemetry: dict[str, Any], energy: dict[str, A
         return
     said = [f"sampler p99 {late:.1f} ms late"]
     if sampler.get("skipped_ticks"):
-        said.append(f"[yellow]{sampler['skipped_ticks']:,} ticks skipped[/]")
+        skipped = sampler["skipped_ticks"]
+        said.append(f"[yellow]{skipped:,} {'tick' if skipped == 1 else 'ticks'} skipped[/]")
     said += [
         f"{name} counter: {m['counter_timing']}"
         for name, m in energy.get("meters", {}).items()

@@ -292,3 +292,5 @@ def test_the_run_table_warns_of_skipped_ticks_and_gaps_longer_than_a_counter_per
     calm = summary | {"telemetry": {"sampler": {"lateness_ms": {"p99": 0.64}, "skipped_ticks": 0}}}
     text = _text(summary_table(calm))
     assert "skipped" not in text and "counter check" not in text
+    one = summary | {"telemetry": {"sampler": {"lateness_ms": {"p99": 0.64}, "skipped_ticks": 1}}}
+    assert "1 tick skipped" in _text(summary_table(one))
