@@ -73,7 +73,8 @@ def gc_frozen() -> Iterator[None]:
     """No full garbage collection walks the import-time objects meanwhile.
 
     A full collection walks every object the imports made (polars, pyarrow, numpy): tens of
-    ms with the event loop stopped, which would show up as lateness in the measured phase.
+    ms with the GIL held, which would show up as lateness of the loop and the sampler's ticks.
+    Entered once, before the sampler starts: this collection is the last full one.
     """
     gc.collect()
     gc.freeze()
