@@ -160,9 +160,11 @@ class Sampler:
     skipped (and counted), not bunched up. For ``probe_s`` at the start, and again every
     20 s, it also reads about every 2 ms, to learn when each energy counter updates (see
     :mod:`.cadence`); a counter too slow to show its grid in that time is probed up to five
-    times longer, and one whose phase its reads have not yet pinned up to twice as long. After each probe the ticks move to read the counters clear of their updates. With ``realtime`` the thread asks the OS for real-time scheduling: on a
-    machine whose cores are all busy (the server beside the harness) an ordinary thread can
-    wait milliseconds to be run.
+    times longer, and one whose phase its reads have not yet pinned up to twice as long.
+    After each probe the ticks move to read the counters clear of their updates. With
+    ``realtime`` the thread asks the OS for real-time scheduling: on a machine whose cores
+    are all busy (the server beside the harness) an ordinary thread can wait milliseconds to
+    be run.
     """
 
     def __init__(
