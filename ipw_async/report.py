@@ -19,9 +19,31 @@ def _num(value: float | None, fmt: str = ",.1f", unit: str = "") -> str:
     return DASH if value is None else f"{value:{fmt}}{unit}"
 
 
+# a step-cost summary's terms, as the run table says them
+_COST_LABELS = {
+    "per_decode_step_j": "{:.3g} J a decode step",
+    "per_decode_token_j": "{:.3g} J a token",
+    "per_context_ktoken_j": "{:.3g} J per k context",
+    "per_prefill_forward_j": "{:.3g} J a prefill",
+    "per_prompt_token_j": "{:.3g} J a prompt token",
+    "per_prompt_position_ktoken_j": "{:.3g} J per prompt token·k position",
+}
+
+
+def describe_step_costs(model: dict[str, Any]) -> str:
+    """Step costs in one line: static power and where it came from, the costs the run found
+    (those it found none of left out), convention and fit."""
+    costs = ", ".join(_COST_LABELS[k].format(v) for k, v in model["costs"].items() if v > 0) or "none found"
+    fit = f", R² {model['r2']:.3f}" if model.get("r2") is not None else ""
+    return f"step costs (v2): static {model['static_w']:,.1f} W ({model['static_source']}); {costs}{fit}"
+
+
 def describe_model(model: dict[str, Any]) -> str:
-    """A fitted power model in one line: which effects the run chose, static + per-step +
-    scale · work^exponent, its cap, lag, drift and fit."""
+    """A fitted model in one line: step costs (:func:`describe_step_costs`), or a power model:
+    which effects the run chose, static + per-step + scale · work^exponent, its cap, lag, drift
+    and fit."""
+    if "costs" in model:
+        return describe_step_costs(model)
     cap = f", cap {model['cap_w']:,.0f} W" if model.get("cap_w") is not None else ""
     fit = f", R² {model['r2']:.3f}" if model.get("r2") is not None else ""
     step = f" + {model['step_w']:.3g} W a step" if model.get("step_w") else ""

@@ -68,10 +68,13 @@ def finalize(
     records = read_records(run_dir)
     telemetry = read_telemetry(run_dir, manifest)
     config = manifest.config
+    rule = attribution or config["attribution"]
+    # the run's power model is the fitted rule's: another rule asked for leaves it behind
+    own_model = config.get("power_model", "auto") if rule == config["attribution"] else "auto"
     settings = AttributionConfig(  # raises ValueError for an unknown rule or effect
-        rule=attribution or config["attribution"],
+        rule=rule,
         prefill_weight=config["prefill_weight"] if prefill_weight is None else prefill_weight,
-        power_model=config.get("power_model", "auto") if power_model is None else power_model,
+        power_model=own_model if power_model is None else power_model,
         baseline_w=config["baseline_w"] if baseline_w is None else baseline_w,
         baseline_window_ns=manifest.baseline_window_ns,
         session_starts_ns=manifest.session_starts_ns,

@@ -87,7 +87,7 @@ def test_single_request_gets_everything_while_alone() -> None:
     assert m["idle_j"] == pytest.approx(m["total_j"] - 300 * active_s, rel=1e-9)
 
 
-@pytest.mark.parametrize("rule", ["tokens", "fitted", "equal", "window"])
+@pytest.mark.parametrize("rule", ["steps", "tokens", "fitted", "equal", "window"])
 def test_a_run_stopped_before_any_request_was_sent_is_all_idle(rule: str) -> None:
     # what a SIGTERM during the first dispatch leaves: records, none of them sent
     t = np.arange(0, 1001, 50, dtype=float)
@@ -297,7 +297,7 @@ schedules = st.lists(
 @settings(max_examples=25, deadline=None)  # each draw fits the power model: ~0.8 s
 @given(
     windows=schedules,
-    rule=st.sampled_from(["tokens", "fitted", "equal"]),
+    rule=st.sampled_from(["steps", "tokens", "fitted", "equal"]),
     kind=st.sampled_from(["counter", "power"]),
     baseline=st.sampled_from([None, 40.0]),
     seed=st.integers(0, 1000),
@@ -375,7 +375,7 @@ def test_the_band_holds_either_of_two_models_the_data_cannot_tell_apart(
         "fit",
         lambda _problem, _given: (chosen, [alike]),
     )
-    config = AttributionConfig(baseline_w=50.0)
+    config = AttributionConfig(rule="fitted", baseline_w=50.0)
     out, _ = attribute(tel, [COUNTER], recs, config)
     requests = request_windows(recs)
     steps = Work.of(requests).steps

@@ -82,14 +82,14 @@ def test_finalize_with_another_rule_changes_only_energy(finished_run: Path, tmp_
     measured = list(RECORD_SCHEMA)
     assert records_after.select(measured).equals(records_before.select(measured))
     # the energy is split another way, and still adds up
-    assert after["energy"]["rule"] == "equal" and before["energy"]["rule"] == "fitted"
+    assert after["energy"]["rule"] == "equal" and before["energy"]["rule"] == "steps"
     assert _energy_columns(records_after) == _energy_columns(records_before)
     assert not records_after.get_column("energy_j").equals(records_before.get_column("energy_j"))
     sim = after["energy"]["meters"]["sim"]
     assert abs(sim["conservation_error"]) < 1e-9
     assert sim["total_j"] == pytest.approx(before["energy"]["meters"]["sim"]["total_j"], rel=1e-12)
     # and finalize with the run's own rule brings the first figures back
-    assert cli.invoke(app, ["finalize", str(run_dir), "--attribution", "fitted"]).exit_code == 0
+    assert cli.invoke(app, ["finalize", str(run_dir), "--attribution", "steps"]).exit_code == 0
     assert json.loads((run_dir / "summary.json").read_text())["energy"] == before["energy"]
 
 
@@ -141,7 +141,9 @@ def test_finalize_with_a_given_power_model_fits_it_and_says_so(finished_run: Pat
     assert "unknown power-model effect 'lagg'" in refused.output and "curve, step, context" in refused.output
     assert (run_dir / "records.arrow").read_bytes() == before  # nothing rewritten
 
-    result = cli.invoke(app, ["finalize", str(run_dir), "--power-model", "linear"])
+    steps = cli.invoke(app, ["finalize", str(run_dir), "--power-model", "linear"], env={"COLUMNS": "300"})
+    assert steps.exit_code == 2 and "add --attribution fitted" in steps.output  # the steps rule has none
+    result = cli.invoke(app, ["finalize", str(run_dir), "--attribution", "fitted", "--power-model", "linear"])
     assert result.exit_code == 0, result.output
     energy = json.loads((run_dir / "summary.json").read_text())["energy"]
     model = energy["meters"]["sim"]["power_model"]

@@ -114,7 +114,7 @@ def finalize_command(
     ],
     attribution: Annotated[
         str | None,
-        typer.Option(help="Attribution rule: fitted, tokens, equal or window. Default: the run's own."),
+        typer.Option(help="Attribution rule: steps, fitted, tokens, equal or window. Default: the run's own."),
     ] = None,
     prefill_weight: Annotated[
         float | None,

@@ -2,8 +2,11 @@
 
 A rule is an entry of :data:`RULES`: how it weighs the work in each meter interval, what static
 power it shares equally, and whether it pools a meter interval's dynamic energy over the work
-in it. ``fitted`` (the default) weighs each inferred step by the power model fitted to the run;
-``tokens`` counts work linearly, a prompt token at ``prefill_weight``; ``equal`` gives every
+in it. ``steps`` (the default) gives each inferred step the energy of its costs fitted to the
+run (:mod:`.stepcost`) and shares them by accounting convention v2: static power equally among
+the requests on the server, a step's own cost equally among its decoders, the rest to the
+request that caused it. ``fitted`` weighs each inferred step by the power model fitted to the
+run (:mod:`.fit`), its per-step power shared equally, the rest by work; ``tokens`` counts work linearly, a prompt token at ``prefill_weight``; ``equal`` gives every
 active request the same; ``window`` gives each request its whole window's device energy, as a
 sequential profiler reports (it counts overlaps again: no conservation, no band).
 """
@@ -21,21 +24,26 @@ from scipy import sparse
 from .._clock import NS
 from ..records import end_ns
 from ..telemetry.base import Meter
-from .band import band, perturbed
+from .band import band, cost_band, perturbed
 from .counter import VirtualCounter, counter_timing, covering, idle_power, series, virtual_counter
 from .fit import fit, parse_effects
 from .model import PowerModel
 from .problem import Problem, design
 from .split import Segments, StepShares, Timeline, equal_segments, safe_div
+from .stepcost import StepCost, entry_features, fit_step_cost
 from .steps import Steps
 from .work import Work, step_shares
 
+POWER_MODEL_NEEDS_FITTED = (
+    "--power-model sets the fitted rule's model of the device: add --attribution fitted "
+    "(the steps rule fits step costs instead)"
+)
 DEFAULT_PREFILL_WEIGHT = 0.25  # a prompt token's work against an output token (prefill is batched)
 
 
 @dataclass(frozen=True)
 class AttributionConfig:
-    rule: str = "fitted"
+    rule: str = "steps"
     prefill_weight: float = DEFAULT_PREFILL_WEIGHT
     power_model: str = "auto"  # the fitted rule's effects: chosen by the run, or given (fit.parse_effects)
     baseline_w: float | None = None  # given idle power for accelerator meters
@@ -47,6 +55,8 @@ class AttributionConfig:
         if self.rule not in RULES:
             raise ValueError(f"unknown attribution rule {self.rule!r}; choose one of {', '.join(RULES)}")
         parse_effects(self.power_model)  # raises ValueError, naming what it takes
+        if self.rule == "steps" and self.power_model != "auto":
+            raise ValueError(POWER_MODEL_NEEDS_FITTED)
 
 
 @dataclass
@@ -74,6 +84,7 @@ class _Inputs:
     baseline: float | None
     prefill_weight: float
     model: PowerModel | None
+    step_cost: StepCost | None
     designs: Callable[[float], sparse.csr_matrix]  # the meter's design at a lag (ms)
 
     def model_split(self, model: PowerModel) -> Split:
@@ -93,6 +104,16 @@ class Split:
     shares: StepShares | None = None
 
 
+def _steps(inputs: _Inputs) -> Split:
+    if inputs.step_cost is None:  # a host meter: the step costs are the accelerator's
+        return _tokens(inputs)
+    return step_cost_split(inputs.step_cost, inputs.work.steps, inputs.designs(inputs.step_cost.lag_ms))
+
+
+def step_cost_split(cost: StepCost, steps: Steps, seconds_seen: sparse.csr_matrix) -> Split:
+    return Split(None, cost.static_w, True, cost.shares(steps, entry_features(steps), seconds_seen))
+
+
 def _fitted(inputs: _Inputs) -> Split:
     if inputs.model is None:  # a host meter: the power model describes the accelerator
         return _tokens(inputs)
@@ -109,6 +130,7 @@ def _equal(inputs: _Inputs) -> Split:
 
 # each rule's split; ``window`` has none
 RULES: dict[str, Callable[[_Inputs], Split] | None] = {
+    "steps": _steps,
     "fitted": _fitted,
     "tokens": _tokens,
     "equal": _equal,
@@ -169,6 +191,11 @@ def _baseline_w(vc: VirtualCounter, meter: Meter, config: AttributionConfig) -> 
     return idle_power(vc, config.baseline_window_ns)
 
 
+def _static_source(meter: Meter, config: AttributionConfig) -> str:
+    """Where the static power the step costs stand on came from (fitted where neither)."""
+    return "given" if config.baseline_w is not None and meter.accelerator else "measured"
+
+
 def _missing(meter: Meter, n: int) -> MeterResult:
     nan = np.full(n, np.nan)
     reason = {
@@ -199,14 +226,18 @@ def attribute_meter(
     measured_j = float(vc.e[-1] - vc.e[0] - np.sum(np.diff(vc.e)[vc.imputed]))
     baseline = _baseline_w(vc, meter, config)
     rule = RULES[config.rule]
-    # the device's power model, fitted to the run: the fitted rule's split, part of every
-    # rule's band, and in the summary; it describes the accelerator, not a host meter
-    model, alike = None, []
+    accelerator = meter.accelerator and n > 0 and rule is not None
     problem = Problem(vc, work.steps, baseline, config.prefill_weight, _temperature(telemetry, meter))
-    if meter.accelerator and n and rule is not None:
+    # the steps rule's costs, fitted to the run; the other rules' band and the fitted rule's
+    # split use the device's power model instead (each describes the accelerator, not a host)
+    cost: StepCost | None = None
+    model, alike = None, []
+    if accelerator and rule is _steps:
+        cost = fit_step_cost(problem, entry_features(work.steps), _static_source(meter, config))
+    elif accelerator:
         model, alike = fit(problem, parse_effects(config.power_model))
     inputs = _Inputs(
-        requests, work, equal_segments(sent, end), baseline, config.prefill_weight, model, problem.design
+        requests, work, equal_segments(sent, end), baseline, config.prefill_weight, model, cost, problem.design
     )
     window = np.interp(end, vc.t, vc.e) - np.interp(sent, vc.t, vc.e)
     if rule is None:
@@ -214,6 +245,13 @@ def attribute_meter(
         _, imputed_part, idle, pooled_idle = timeline.split(inputs.active, baseline, pooled=True)
         energy = window
         low = high = np.full(n, np.nan)  # the window rule counts overlaps again: no band to give
+    elif cost is not None:
+        chosen = rule(inputs)
+        timeline = Timeline(vc, inputs.active, [], n)
+        energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
+        seen = problem.design(cost.lag_ms)
+        others = [_apply(timeline, step_cost_split(c, work.steps, seen))[0] for c in cost.moved()]
+        low, high = cost_band(timeline, [energy, *others], cost.band_error)
     else:
         chosen = rule(inputs)
         # the band's other estimates: the fitted model where the rule is not it, the candidates
@@ -234,10 +272,11 @@ def attribute_meter(
     provenance = [base_prov if base_prov == "estimated" or imp <= 0 else "imputed" for imp in imputed_part]
     total = timeline.total
     attributed = float(energy.sum())
+    described = cost if cost is not None else model
     fitted = (
         {}
-        if model is None
-        else model.as_dict() | {"step_time": work.steps.duration_fit, "steps": work.steps.count}
+        if described is None
+        else described.as_dict() | {"step_time": work.steps.duration_fit, "steps": work.steps.count}
     )
     return MeterResult(
         meter=meter.channel,

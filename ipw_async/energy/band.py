@@ -62,3 +62,12 @@ def band(
     spread = spread / np.sqrt(np.maximum(timeline.intervals_spanned(), 1.0))
     spread = spread + Z * model_error * estimates[0]
     return np.maximum(np.min(estimates, axis=0) - spread, 0.0), np.max(estimates, axis=0) + spread
+
+
+def cost_band(timeline: Timeline, estimates: list[np.ndarray], error: float) -> tuple[np.ndarray, np.ndarray]:
+    """The least and most each request could have used under step costs: the split with each
+    cost moved by its standard error (``estimates``, the chosen split first), widened by the
+    fit's interval ``error`` (relative to a typical interval) as it reaches a request: its share
+    of an interval is off by that share of it, and separate intervals' errors add up as √k."""
+    spread = Z * error / np.sqrt(np.maximum(timeline.intervals_spanned(), 1.0)) * estimates[0]
+    return np.maximum(np.min(estimates, axis=0) - spread, 0.0), np.max(estimates, axis=0) + spread

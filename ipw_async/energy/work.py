@@ -80,8 +80,16 @@ def _step_segments(requests: pl.DataFrame, steps: Steps) -> Segments:
 def step_shares(steps: Steps, model: PowerModel, seconds_seen: sparse.csr_matrix) -> StepShares:
     """A power model's split of the steps (``seconds_seen``: the meter's design for the model's
     lag): each step's modelled dynamic energy in each meter interval, and each request's share
-    of a step, its work over the step's (a step's own cost goes by the same shares)."""
+    of a step by convention v2: of the step's power, the per-step part (``step_w``) equally
+    among the requests in the step, the part that grows with work by work."""
     entry_work = model.entry_work(steps)
     work = steps.per_step(entry_work)
-    seen = (seconds_seen @ sparse.diags(model.dynamic_w(work))).tocsr()
-    return StepShares(seen, steps.req, steps.step, safe_div(entry_work, work[steps.step]))
+    power = model.dynamic_w(work)
+    seen = (seconds_seen @ sparse.diags(power)).tocsr()
+    # the per-step part of the step's power, its share kept where a cap clips both alike
+    raw = model.step_w * (work > 0) + model.scale_w * np.power(np.maximum(work, 0.0), model.exponent)
+    fixed = safe_div(model.step_w * (work > 0), raw)
+    entries = np.bincount(steps.step, minlength=steps.count).astype(float)
+    by_work = safe_div(entry_work, work[steps.step])
+    share = fixed[steps.step] / np.maximum(entries[steps.step], 1.0) + (1.0 - fixed[steps.step]) * by_work
+    return StepShares(seen, steps.req, steps.step, share)

@@ -16,6 +16,7 @@ from typing import Any
 from .._options import option
 from ..client import ClientConfig
 from ..energy import RULES
+from ..energy.attribute import POWER_MODEL_NEEDS_FITTED
 from ..energy.fit import parse_effects
 from ..errors import RunError
 from ..load import ARRIVALS, RAMPS, LoadSpec
@@ -413,10 +414,12 @@ class RunConfig:
         metadata=option("Idle accelerator power in watts, instead of measuring it.", panel=ENERGY),
     )
     attribution: str = field(
-        default="fitted",
+        default="steps",
         metadata=option(
-            "How overlapping queries share energy: fitted (by a power model fitted to the run over "
-            "the engine steps inferred from token arrivals), tokens (by token work, linearly), "
+            "How overlapping queries share energy: steps (each engine step inferred from token "
+            "arrivals costs what a fit to the meter finds; static power and a step's own cost are "
+            "shared equally, the rest goes to the query that caused it: convention v2), fitted (by "
+            "a power model of the device, the rest by work), tokens (by token work, linearly), "
             "equal, or window (whole-window, over-counts).",
             panel=ENERGY,
             choices=tuple(RULES),
@@ -433,7 +436,7 @@ class RunConfig:
     power_model: str = field(
         default="auto",
         metadata=option(
-            "The fitted rule's model of the device: auto (each effect kept where it predicts held-out "
+            "The fitted rule's model of the device (with --attribution fitted): auto (each effect kept where it predicts held-out "
             "meter intervals better), linear, or effects joined by + from curve, step, context, "
             "position, lag and drift (e.g. curve+lag), when you know what your device does.",
             panel=ENERGY,
@@ -541,6 +544,7 @@ class RunConfig:
                 self.attribution in RULES,
                 f"unknown attribution rule {self.attribution!r}; choose one of {', '.join(RULES)}",
             ),
+            (self.attribution != "steps" or self.power_model == "auto", POWER_MODEL_NEEDS_FITTED),
         )
         for ok, message in checks:
             if not ok:

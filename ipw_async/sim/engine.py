@@ -9,9 +9,10 @@ a real server.
 The device (:mod:`.device`) draws a static power plus, during a step, ``step_w`` and a dynamic
 power that grows sub-linearly with the step's work: a decoding sequence 1 + κ·context/1000, a
 prompt token ``prefill_work`` × (1 + κp·position/1000). At ``max_w`` it clips, or stretches the
-step. Each request's true energy is its work share of the dynamic energy of every step plus an
-equal share of static energy while it is on the server; with nothing on the server the static
-energy is idle. The device exposes what a GPU would: a cumulative counter in whole mJ on a
+step. Each request's true energy follows accounting convention v2: an equal share of static
+energy while it is on the server (with nothing on the server the static energy is idle), an
+equal share of the part of every step's dynamic energy that ``step_w`` draws among the requests
+in the step, and its work share of the rest. The device exposes what a GPU would: a cumulative counter in whole mJ on a
 (jittered) grid, instantaneous and 1-second averaged power (both possibly lagging), temperature.
 
 By default the device looks like a measured H100 server: a cost per step whatever its batch,
@@ -239,7 +240,7 @@ class Engine:
             await asyncio.sleep(duration)
             end = now_ns()
             self.steps += 1
-            self._settle(end, on_server, prefill, decode, work)
+            self._settle(end, on_server, prefill, decode, work, self._fixed_share(work))
             device.set_power(end, 0.0)
             if cfg.record_steps:
                 chunks: list[list[object]] = [[r.key, c, w] for r, c, w in prefill]
@@ -263,13 +264,27 @@ class Engine:
                     self.running.remove(r)
                     self._finish(r, end)
 
+    def _fixed_share(self, work: float) -> float:
+        """The share of a step's dynamic energy its per-step power draws (the rest grows with
+        work): the same share at a clipped or stretched limit, which scales both alike."""
+        cfg = self.config
+        demanded = cfg.step_w + cfg.dynamic_w * work**cfg.work_exponent if work > 0 else 0.0
+        return cfg.step_w / demanded if demanded > 0 else 0.0
+
     def _settle(
-        self, t_ns: int, on_server: list[SimRequest], prefill: list[Chunk], decode: list[Row], work: float
+        self,
+        t_ns: int,
+        on_server: list[SimRequest],
+        prefill: list[Chunk],
+        decode: list[Row],
+        work: float,
+        fixed: float = 0.0,
     ) -> None:
         """Charge the device's true energy since the last settlement, so the truth adds up exactly.
 
         Static energy (as warm as the device is) goes equally to the requests on the server
-        (idle when none), the rest to the step's work, each request by its share of it.
+        (idle when none); of the step's dynamic energy, the ``fixed`` share equally to the
+        requests in the step and the rest by each one's share of its work (convention v2).
         """
         energy = self.device.energy_at(t_ns)
         static_j = self.device.static_energy_at(t_ns)
@@ -286,7 +301,10 @@ class Engine:
         else:
             self.idle_energy_j += static
         if work > 0:
-            per_work = dynamic / work
+            in_step = list({id(r): r for r in [*(r for r, _ in decode), *(r for r, _, _ in prefill)]}.values())
+            for r in in_step:
+                r.energy_j += fixed * dynamic / len(in_step)
+            per_work = (1.0 - fixed) * dynamic / work
             for r, w in decode:
                 r.energy_j += per_work * w
             for r, _, w in prefill:

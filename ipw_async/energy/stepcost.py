@@ -1,0 +1,241 @@
+"""Each engine step's energy as costs the client can see, shared by accounting convention v2.
+
+A step's dynamic energy (above static power) is a sum of costs, each a non-negative joule
+figure per unit, fitted to the meter's intervals:
+
+- a decode step's own cost, once per step with any decoder, whatever its batch (on a real GPU
+  most of a decode step's energy: the weights streamed from memory, the launches, rows padded
+  to a captured batch size; 2.2 J a step against 0.013 J a row on an H100);
+- per decoded token, and per thousand tokens of context it read (attention over its KV cache);
+- a prefill forward's own cost, once per request prefilled in the step;
+- per prompt token computed, and per thousand positions before those tokens.
+
+Convention v2 shares them as their causes do: the per-step cost equally among the requests
+that decoded in the step (the Shapley value of a fixed cost), every other cost to the request
+that incurred it. A fit finds the costs by non-negative least squares of every usable meter
+interval's energy less static power × its time, against the steps' modelled energy spread
+evenly over each step's time. Static power is the run's measured idle baseline where it has
+one (the device with its clocks up and nothing computed, as it draws between steps), and
+fitted beside the costs only where none was measured: over a run's intervals a free static
+power trades off against the costs (on a real H100 run it took 400 W of a 473 W mean).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import nnls
+
+from .problem import LAGS_MS, Problem
+from .split import StepShares, safe_div
+from .steps import Steps
+
+# (name, shared by the step's decoders): the order of the fitted costs
+TERMS: tuple[tuple[str, bool], ...] = (
+    ("per_decode_step_j", True),
+    ("per_decode_token_j", False),
+    ("per_context_ktoken_j", True),
+    ("per_prefill_forward_j", False),
+    ("per_prompt_token_j", False),
+    ("per_prompt_position_ktoken_j", False),
+)
+FOLDS = 4
+MIN_FOLD_INTERVALS = 6
+MIN_INTERVALS = 8  # fewer usable intervals than this fit nothing: costs by token work alone
+Z = 1.96
+
+
+def entry_features(steps: Steps, shared: tuple[bool, ...] | None = None) -> np.ndarray:
+    """Per (request, step) entry, its units of every term (an entry × term matrix). A term
+    ``shared`` (default: as :data:`TERMS` says) is the step's units given in equal parts to its
+    decoding entries, so a column's sum over a step is the step's units either way."""
+    shared = tuple(flag for _, flag in TERMS) if shared is None else shared
+    decoding = steps.entry_decode > 0
+    context = steps.entry_context if steps.entry_context.size else np.zeros(steps.req.size)
+    position = steps.entry_position if steps.entry_position.size else np.zeros(steps.req.size)
+    first = np.zeros(steps.req.size)  # one unit a step with decoders, on its first decoding entry
+    _, head = np.unique(np.where(decoding, steps.step, -1), return_index=True)
+    first[head[decoding[head]]] = 1.0
+    own = np.column_stack(
+        (
+            first,
+            steps.entry_decode,
+            context,
+            (steps.entry_prefill > 0).astype(float),
+            steps.entry_prefill,
+            position,
+        )
+    )
+    decoders = np.bincount(steps.step[decoding], minlength=steps.count).astype(float)
+    per_decoder = np.where(decoding, safe_div(np.ones(steps.req.size), decoders[steps.step]), 0.0)
+    for j, flag in enumerate(shared):
+        if flag:
+            step_units = np.bincount(steps.step, weights=own[:, j], minlength=steps.count)
+            own[:, j] = step_units[steps.step] * per_decoder
+    return own
+
+
+@dataclass
+class StepCost:
+    """The fitted costs (J per unit, in :data:`TERMS` order) and static power (W)."""
+
+    static_w: float
+    costs: np.ndarray
+    static_source: str  # "measured" (the baseline window), "given" or "fitted"
+    errors: np.ndarray = field(default_factory=lambda: np.zeros(0))  # standard errors (inf: unidentified)
+    r2: float | None = None
+    held_out_error: float | None = None  # interval RMS error out of sample, relative to a typical interval
+    in_sample_error: float | None = None  # the same, in sample
+    intervals: int = 0
+    notes: list[str] = field(default_factory=list)
+    lag_ms: float = 0.0  # the meter's lag behind the device the fit chose
+
+    def entry_energy(self, features: np.ndarray) -> np.ndarray:
+        """Each entry's modelled energy (J): its own costs and its equal share of the step's."""
+        return features @ self.costs
+
+    def shares(self, steps: Steps, features: np.ndarray, seconds_seen: sparse.csr_matrix) -> StepShares:
+        """The split for :meth:`Timeline.split_by_steps`: each step's modelled energy spread
+        evenly over its time as the meter saw it, and each entry's part of its step's energy."""
+        entry = self.entry_energy(features)
+        step = np.bincount(steps.step, weights=entry, minlength=steps.count)
+        duration = np.maximum(steps.end - steps.start, 1.0) / 1e9
+        seen = (seconds_seen @ sparse.diags(step / duration)).tocsr()
+        return StepShares(seen, steps.req, steps.step, safe_div(entry, step[steps.step]))
+
+    @property
+    def band_error(self) -> float:
+        """The interval error the band widens by: held out where the run could hold intervals
+        out, else twice the in-sample error (unmeasured is not small), else all of it."""
+        if self.held_out_error is not None:
+            return self.held_out_error
+        if self.in_sample_error is not None:
+            return 2 * self.in_sample_error
+        return 1.0
+
+    def moved(self) -> list[StepCost]:
+        """The costs each moved ±Z standard errors (at least zero), one at a time: the band's."""
+        out = []
+        for i, error in enumerate(self.errors):
+            if not np.isfinite(error) or error <= 0:
+                continue
+            for sign in (-1.0, 1.0):
+                costs = self.costs.copy()
+                costs[i] = max(costs[i] + sign * Z * error, 0.0)
+                out.append(StepCost(self.static_w, costs, self.static_source, lag_ms=self.lag_ms))
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        def finite(v: float) -> float | None:
+            return float(v) if np.isfinite(v) else None
+
+        return {
+            "model": "step costs",
+            "convention": "v2",
+            "static_w": self.static_w,
+            "static_source": self.static_source,
+            "costs": {name: float(c) for (name, _), c in zip(TERMS, self.costs, strict=True)},
+            "errors": {name: finite(e) for (name, _), e in zip(TERMS, self.errors, strict=False)},
+            "shared_equally": [name for name, shared in TERMS if shared],
+            "r2": self.r2,
+            "held_out_error": self.held_out_error,
+            "in_sample_error": self.in_sample_error,
+            "lag_ms": self.lag_ms,
+            "intervals": self.intervals,
+            "notes": self.notes,
+        }
+
+
+def _columns(problem: Problem, features: np.ndarray, seconds_seen: sparse.csr_matrix) -> np.ndarray:
+    """Each interval's units of every term: the steps' units spread evenly over their time."""
+    steps = problem.steps
+    duration = np.maximum(steps.end - steps.start, 1.0) / 1e9
+    per_step = np.column_stack(
+        [np.bincount(steps.step, weights=features[:, j], minlength=steps.count) for j in range(len(TERMS))]
+    )
+    return np.asarray(seconds_seen @ (per_step / duration[:, None]))
+
+
+def _solve(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    scale = np.maximum(np.abs(x).max(axis=0), 1e-12)  # columns of very different units
+    coef, _ = nnls(x / scale, y, maxiter=50 * x.shape[1])
+    return coef / scale
+
+
+def _standard_errors(x: np.ndarray, residuals: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """Standard errors of the costs the fit moved off zero (a cost at its bound: the fit's
+    spread around it, from the same curvature); inf where the data do not identify one."""
+    active = np.flatnonzero(np.abs(x).sum(axis=0) > 0)
+    out = np.full(coef.size, np.inf)
+    dof = max(residuals.size - active.size, 1)
+    variance = float(residuals @ residuals) / dof
+    xa = x[:, active]
+    try:
+        cov = np.linalg.pinv(xa.T @ xa) * variance
+    except np.linalg.LinAlgError:
+        return out
+    out[active] = np.sqrt(np.abs(np.diag(cov)))
+    out[np.abs(x).sum(axis=0) == 0] = 0.0  # a term the run never used moves nothing
+    return out
+
+
+def fit_step_cost(problem: Problem, features: np.ndarray, static_source: str) -> StepCost:
+    """The costs the meter's intervals support (``problem.static_w``: static power where the run
+    measured or was given it; fitted beside the costs where it is None), with the meter's lag
+    behind the device (:data:`LAGS_MS`) that predicts held-out intervals best."""
+    usable = problem.usable
+    n = int(usable.sum())
+    static = problem.static_w
+    source = static_source if static is not None else "fitted"
+    if n < MIN_INTERVALS or problem.steps.count < MIN_INTERVALS:
+        fallback = np.array([0.0, 1.0, 0.0, 0.0, problem.default_prefill_weight, 0.0])
+        if static is None:
+            static = float(np.percentile(problem.energy / np.maximum(problem.dt, 1e-9), 5))
+        note = (
+            f"{n} meter intervals and {problem.steps.count} steps: too few to fit step costs; "
+            "energy shared by token work (a prompt token at the prefill weight)"
+        )
+        return StepCost(static, fallback, source, np.full(len(TERMS), np.inf), intervals=n, notes=[note])
+    fits = [_fit_at(problem, features, lag) for lag in LAGS_MS]
+    best = min(
+        fits, key=lambda f: (f.held_out_error if f.held_out_error is not None else f.in_sample_error) or 0.0
+    )
+    best.static_source = source
+    if best.held_out_error is None:
+        best.notes.append(
+            f"{n} meter intervals: too few to hold any out; the band takes twice the in-sample error"
+        )
+    return best
+
+
+def _fit_at(problem: Problem, features: np.ndarray, lag_ms: float) -> StepCost:
+    usable = problem.usable
+    x = _columns(problem, features, problem.design(lag_ms))
+    y = problem.energy
+    static = problem.static_w
+
+    def solve(train: np.ndarray) -> tuple[float, np.ndarray]:
+        if static is not None:
+            return static, _solve(x[train], y[train] - static * problem.dt[train])
+        coef = _solve(np.column_stack((problem.dt, x))[train], y[train])
+        return float(coef[0]), coef[1:]
+
+    static_w, costs = solve(usable)
+    residual = (y - static_w * problem.dt - x @ costs)[usable]
+    centred = y[usable] - y[usable].mean()
+    r2 = 1.0 - float(residual @ residual) / float(centred @ centred) if centred.any() else None
+    held_out = None
+    if int(usable.sum()) >= FOLDS * MIN_FOLD_INTERVALS:
+        out = []
+        for block in np.array_split(np.flatnonzero(usable), FOLDS):
+            train = usable.copy()
+            train[block] = False
+            s, c = solve(train)
+            out.append((y - s * problem.dt - x @ c)[block])
+        held_out = float(np.sqrt(np.mean(np.concatenate(out) ** 2))) / problem.scale
+    in_sample = float(np.sqrt(np.mean(residual**2))) / problem.scale
+    errors = _standard_errors(x[usable], residual, costs)
+    return StepCost(static_w, costs, "", errors, r2, held_out, in_sample, int(usable.sum()), lag_ms=lag_ms)
