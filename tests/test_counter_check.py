@@ -16,6 +16,8 @@ from rich.console import Console
 
 from ipw_async import run_benchmark
 from ipw_async.report import summary_table
+from ipw_async.rundir.manifest import Manifest
+from ipw_async.rundir.read import read_telemetry
 from ipw_async.sim import SimConfig
 from ipw_async.telemetry.base import Meter
 from ipw_async.telemetry.cadence import CounterGrid
@@ -88,8 +90,8 @@ def test_a_load_step_under_a_lagging_power_field_is_no_fault() -> None:
     check = check_counter(frame, meter(), WINDOW)
     assert abs(check.ratio - 1) > BASE_TOLERANCE + 2 * 0.02 / 3.0  # beyond the tolerance without lag
     assert check.status == "ok", check.reason
-    # a counter 30% low under the same step is still caught
-    low = frame.with_columns(pl.col("gpu0.energy_j") * 0.5)
+    # a counter a quarter of what it should be under the same step is still caught
+    low = frame.with_columns(pl.col("gpu0.energy_j") * 0.25)
     assert check_counter(low, meter(), WINDOW).status == "disagrees"
 
 
@@ -114,12 +116,43 @@ def test_a_counter_that_stepped_back_runs_backwards() -> None:
     assert raw.status == "backwards"
 
 
-@pytest.mark.parametrize(("scale", "side"), [(1.25, "above"), (0.75, "below")])
-def test_a_counter_off_by_a_quarter_disagrees(scale: float, side: str) -> None:
+@pytest.mark.parametrize(("scale", "side"), [(3.0, "above"), (1 / 3, "below")])
+def test_a_counter_off_by_a_scale_factor_disagrees(scale: float, side: str) -> None:
     check = check_counter(telemetry(flat(200.0), scale=scale), meter(), WINDOW)
     assert check.status == "disagrees" and check.failed
     assert check.ratio == pytest.approx(scale, rel=0.02)
-    assert f"25% {side}" in check.reason and "tolerance" in check.reason
+    assert f"% {side}" in check.reason and "scale error" in check.reason
+
+
+@pytest.mark.parametrize("scale", [1.3, 0.7])
+def test_a_counter_a_third_off_its_sampled_power_is_kept_and_the_ratio_said(scale: float) -> None:
+    # bursty load between power readings does this to a correct counter over a few seconds
+    check = check_counter(telemetry(flat(200.0), scale=scale), meter(), WINDOW)
+    assert check.status == "ok" and not check.failed
+    assert check.ratio == pytest.approx(scale, rel=0.02) and "counter is kept" in check.reason
+
+
+H100_RUN = Path(__file__).resolve().parents[2] / "shared" / "traces" / "h100-8b-graphs" / "c128" / "run"
+
+
+@pytest.mark.skipif(
+    not H100_RUN.is_dir(), reason="the real H100 traces (../shared/traces) are not beside this clone"
+)
+def test_a_real_h100_counter_is_kept_in_every_3_s_window_of_bursty_load() -> None:
+    # its sampled power reads 0.76-1.17 of the counter over these windows; the whole run agrees
+    # within 2%. The check before this one called the counter faulty in two of them.
+    manifest = Manifest.read(H100_RUN)
+    frame = read_telemetry(H100_RUN, manifest)
+    gpu = next(m for m in manifest.meters if m.channel == "gpu0")
+    t = frame.get_column(gpu.time_column).drop_nulls().to_numpy()
+    checks = [
+        check_counter(frame, gpu, (int(a), int(a + 3 * NS))) for a in np.arange(t[0], t[-1] - 3 * NS, NS / 2)
+    ]
+    ratios = [c.ratio for c in checks if c.ratio is not None]
+    assert len(ratios) > 100 and min(ratios) < 0.8 and max(ratios) > 1.15  # bursty, as measured
+    assert not any(c.failed for c in checks)
+    whole = check_counter(frame, gpu, (int(t[0]), int(t[-1])))
+    assert whole.status == "ok" and abs(whole.ratio - 1) < 0.02
 
 
 def test_a_slow_counter_is_allowed_its_quantisation() -> None:

@@ -12,6 +12,13 @@ span, so ``2 × period / window``, plus what a power field that lags the device 
 that lag (NVML's power usage is a 1 s average on many GPUs, which trails the device by half
 of it). A window that opens idle
 and closes under load is then not mistaken for a faulty counter.
+
+Past that tolerance, a power field convicts a counter only of a gross fault: a unit or scale
+error, off by :data:`GROSS_FACTOR` or more beyond it. Over seconds of bursty load a sampled
+power field misses what happens between its readings: on a real H100 under host-bound prefill
+bursts, 3 s windows of a correct counter read 0.68–1.26 of its integrated power (within 1.1%
+over a whole run), and a check that demoted the counter there put the noisier source under
+every query's energy. Such a window is kept, its ratio reported.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ MIN_ENERGY_J = 1.0
 MIN_READINGS = 3
 # the reads inside a window start and end up to a tick within it: this much of it will do
 COVERED = 0.9
+# beyond the tolerance, how far off a counter must be for its power to convict it
+GROSS_FACTOR = 2.0
 
 OK, STUCK, BACKWARDS, DISAGREES, UNCHECKED = "ok", "stuck", "backwards", "disagrees", "unchecked"
 FAILED = (STUCK, BACKWARDS, DISAGREES)
@@ -176,12 +185,19 @@ def check_counter(
     lag = abs(float(p_b - p_a)) * POWER_LAG_S / power_j
     tolerance = BASE_TOLERANCE + (2 * period / (b - a) if period else 0.0) + lag
     figures |= {"ratio": ratio, "tolerance": tolerance}
-    if abs(ratio - 1) > tolerance:
-        side = "above" if ratio > 1 else "below"
+    side = "above" if ratio > 1 else "below"
+    off = f"the counter's {counter_j:,.1f} J in {window_s:.1f} s is {abs(ratio - 1):.0%} {side} its integrated power's {power_j:,.1f} J"
+    if not 1 / (GROSS_FACTOR * (1 + tolerance)) < ratio < GROSS_FACTOR * (1 + tolerance):
         return CounterCheck(
             DISAGREES,
-            f"the counter's {counter_j:,.1f} J in {window_s:.1f} s is {abs(ratio - 1):.0%} {side} its "
-            f"integrated power's {power_j:,.1f} J, beyond the {tolerance:.0%} tolerance",
+            f"{off}, {GROSS_FACTOR:g}× beyond the {tolerance:.0%} tolerance: a unit or scale error",
+            **figures,
+        )
+    if abs(ratio - 1) > tolerance:
+        return CounterCheck(
+            OK,
+            f"{off}, beyond the {tolerance:.0%} tolerance but not a gross fault: a sampled power field "
+            "misses bursts between its readings, so the counter is kept",
             **figures,
         )
     return CounterCheck(
