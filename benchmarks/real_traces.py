@@ -79,8 +79,8 @@ def score(records: pl.DataFrame, ref: dict[int, float]) -> Score:
 
 
 def finalized(run: Path, workdir: Path, rule: str | None) -> tuple[pl.DataFrame, dict]:
-    """A copy of ``run``'s directory finalized with ``rule`` (None: the default): its records
-    and summary."""
+    """A copy of ``run``'s directory finalized with ``rule`` (None: the rule the run recorded,
+    ``fitted`` for these runs, the default before ``steps``): its records and summary."""
     from ipw_async import finalize
 
     copy = workdir / f"{run.parent.name}-{run.name}-{rule or 'default'}"
