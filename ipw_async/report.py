@@ -244,7 +244,7 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
         table.add_row("J/output token", _num(energy.get("j_per_output_token"), ",.3f"))
         for name, meter in energy.get("meters", {}).items():
             if meter.get("power_model"):
-                table.add_row(f"power model ({name})", describe_model(meter["power_model"]))
+                table.add_row(f"energy model ({name})", describe_model(meter["power_model"]))
         errs = [m.get("conservation_error") for m in energy.get("meters", {}).values()]
         errs = [abs(e) for e in errs if e is not None]
         if errs:
