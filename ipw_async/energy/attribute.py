@@ -6,8 +6,8 @@ in it. ``steps`` (the default) gives each inferred step the energy of its costs 
 run (:mod:`.stepcost`) and shares them by accounting convention v2: static power equally among
 the requests on the server, a step's own cost equally among its decoders, the rest to the
 request that caused it. ``fitted`` weighs each inferred step by the power model fitted to the
-run (:mod:`.fit`), its per-step power shared equally, the rest by work; ``tokens`` counts work linearly, a prompt token at ``prefill_weight``; ``equal`` gives every
-active request the same; ``window`` gives each request its whole window's device energy, as a
+run (:mod:`.fit`), its per-step power shared equally, the rest by work; ``tokens`` counts work
+linearly, a prompt token at ``prefill_weight``; ``equal`` gives every active request the same; ``window`` gives each request its whole window's device energy, as a
 sequential profiler reports (it counts overlaps again: no conservation, no band).
 """
 
@@ -237,7 +237,14 @@ def attribute_meter(
     elif accelerator:
         model, alike = fit(problem, parse_effects(config.power_model))
     inputs = _Inputs(
-        requests, work, equal_segments(sent, end), baseline, config.prefill_weight, model, cost, problem.design
+        requests,
+        work,
+        equal_segments(sent, end),
+        baseline,
+        config.prefill_weight,
+        model,
+        cost,
+        problem.design,
     )
     window = np.interp(end, vc.t, vc.e) - np.interp(sent, vc.t, vc.e)
     if rule is None:

@@ -88,8 +88,15 @@ def step_shares(steps: Steps, model: PowerModel, seconds_seen: sparse.csr_matrix
     seen = (seconds_seen @ sparse.diags(power)).tocsr()
     # the per-step part of the step's power, its share kept where a cap clips both alike
     raw = model.step_w * (work > 0) + model.scale_w * np.power(np.maximum(work, 0.0), model.exponent)
-    fixed = safe_div(model.step_w * (work > 0), raw)
-    entries = np.bincount(steps.step, minlength=steps.count).astype(float)
+    fixed = safe_div(model.step_w * (work > 0), raw)[steps.step]
     by_work = safe_div(entry_work, work[steps.step])
-    share = fixed[steps.step] / np.maximum(entries[steps.step], 1.0) + (1.0 - fixed[steps.step]) * by_work
-    return StepShares(seen, steps.req, steps.step, share)
+    return StepShares(seen, steps.req, steps.step, fixed * per_request(steps) + (1.0 - fixed) * by_work)
+
+
+def per_request(steps: Steps) -> np.ndarray:
+    """Per entry, its part of an equal share among the step's requests (a request that both
+    decoded and prefilled in a step has two entries, which split its one share)."""
+    pair = steps.step.astype(np.int64) * (int(steps.req.max(initial=0)) + 1) + steps.req
+    _, first, inverse, entries = np.unique(pair, return_index=True, return_inverse=True, return_counts=True)
+    requests = np.bincount(steps.step[first], minlength=steps.count).astype(float)
+    return 1.0 / (requests[steps.step] * entries[inverse])

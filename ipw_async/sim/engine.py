@@ -12,8 +12,8 @@ prompt token ``prefill_work`` × (1 + κp·position/1000). At ``max_w`` it clips
 step. Each request's true energy follows accounting convention v2: an equal share of static
 energy while it is on the server (with nothing on the server the static energy is idle), an
 equal share of the part of every step's dynamic energy that ``step_w`` draws among the requests
-in the step, and its work share of the rest. The device exposes what a GPU would: a cumulative counter in whole mJ on a
-(jittered) grid, instantaneous and 1-second averaged power (both possibly lagging), temperature.
+in the step, and its work share of the rest. The device exposes what a GPU would: a
+cumulative counter in whole mJ on a (jittered) grid, instantaneous and 1-second averaged power (both possibly lagging), temperature.
 
 By default the device looks like a measured H100 server: a cost per step whatever its batch,
 a meter that trails the device by 40 ms on a counter grid jittered by 2 ms, and steps that
@@ -201,7 +201,7 @@ class Engine:
         cfg = self.config
         if work <= 0:
             return 0.0, duration
-        demanded = cfg.step_w + cfg.dynamic_w * work**cfg.work_exponent
+        demanded = self._demanded(work)
         headroom = cfg.max_w - static_w
         if demanded <= headroom:
             return demanded, duration
@@ -264,12 +264,15 @@ class Engine:
                     self.running.remove(r)
                     self._finish(r, end)
 
+    def _demanded(self, work: float) -> float:
+        """The dynamic power a step of this work asks of the device, before its power limit."""
+        cfg = self.config
+        return cfg.step_w + cfg.dynamic_w * work**cfg.work_exponent
+
     def _fixed_share(self, work: float) -> float:
         """The share of a step's dynamic energy its per-step power draws (the rest grows with
         work): the same share at a clipped or stretched limit, which scales both alike."""
-        cfg = self.config
-        demanded = cfg.step_w + cfg.dynamic_w * work**cfg.work_exponent if work > 0 else 0.0
-        return cfg.step_w / demanded if demanded > 0 else 0.0
+        return self.config.step_w / self._demanded(work) if work > 0 else 0.0
 
     def _settle(
         self,
@@ -301,7 +304,10 @@ class Engine:
         else:
             self.idle_energy_j += static
         if work > 0:
-            in_step = list({id(r): r for r in [*(r for r, _ in decode), *(r for r, _, _ in prefill)]}.values())
+            in_step = list(
+                {id(r): r for r in [*(r for r, _ in decode), *(r for r, _, _ in prefill)]}.values()
+            )
+            # a request that decodes and prefills in the step is in it once
             for r in in_step:
                 r.energy_j += fixed * dynamic / len(in_step)
             per_work = (1.0 - fixed) * dynamic / work
