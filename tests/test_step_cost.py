@@ -141,8 +141,10 @@ def _run(
     for r, w in windows.items():
         span = slice(int(np.ceil(w[0])), int(w[2]) + 1)
         truth[r] += float(np.sum(STATIC_W / 1000 / on[span]))
-    t = np.arange(0, power.size, counter_ms)
-    energy = np.concatenate(([0.0], np.cumsum(power + STATIC_W)[t[1:] - 1] / 1000))
+    # read every 10 ms, as a sampler reads a counter that updates every ``counter_ms``
+    t = np.arange(1, power.size, 10)
+    updated = t // counter_ms * counter_ms
+    energy = np.concatenate(([0.0], np.cumsum(power + STATIC_W) / 1000))[updated]
     tel = pl.DataFrame({"t_ns": t * MS, "dev.t_ns": t * MS, "dev.energy_j": energy})
     recs = [
         RequestRecord(
@@ -163,6 +165,32 @@ def _run(
         for r, w in windows.items()
     ]
     return records_frame(recs), tel, np.array([truth[r.request_id] for r in recs])
+
+
+def _p95(records: pl.DataFrame, truth: np.ndarray) -> float:
+    energy = records.sort("request_id").get_column("energy_j").to_numpy()
+    return float(np.percentile(np.abs(energy - truth) / truth, 95))
+
+
+@pytest.mark.parametrize(
+    ("per_step_j", "per_token_j", "bound"),
+    # an H100's decode step against its prompt tokens (1.1% measured; tokens 17%), and a device
+    # whose prompts weigh more (4.7%: a forward's cost and its tokens' trade off; tokens 6.1%)
+    [(2.2, 0.014, 0.03), (0.5, 0.05, 0.08)],
+)
+def test_the_steps_rule_recovers_a_v2_truth_and_beats_token_work(
+    per_step_j: float, per_token_j: float, bound: float
+) -> None:
+    recs, tel, truth = _run(np.random.default_rng(7), per_step_j, per_token_j)
+    steps, section = attribute(tel, [GPU], recs, AttributionConfig(baseline_w=STATIC_W))
+    tokens, _ = attribute(tel, [GPU], recs, AttributionConfig(rule="tokens", baseline_w=STATIC_W))
+    meter = section["meters"]["dev"]
+    assert meter["power_model"]["costs"]["per_decode_step_j"] == pytest.approx(per_step_j, rel=0.1)
+    assert _p95(steps, truth) < bound and _p95(steps, truth) < _p95(tokens, truth)
+    assert abs(meter["conservation_error"]) < 1e-9
+    low, high = (steps.sort("request_id").get_column(c).to_numpy() for c in ("energy_low_j", "energy_high_j"))
+    assert np.mean((low <= truth) & (truth <= high)) >= 0.9
+    assert np.median((high - low) / 2 / truth) < 0.15
 
 
 def test_too_few_intervals_fit_no_costs_and_the_band_says_it_is_unsure() -> None:
