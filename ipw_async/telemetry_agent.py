@@ -130,6 +130,7 @@ class AgentServer:
                         "columns": s.info.columns,
                         "meters": [m.as_dict() for m in s.info.meters],
                         "description": s.info.description,
+                        "simulated": s.info.simulated,
                     }
                     for name, s in self.sources.items()
                 ],

@@ -100,6 +100,7 @@ async def test_a_run_scrapes_dcgm_exporter_and_the_servers_metrics(tmp_path: Pat
         truth = httpx.get(f"{sim.root_url}/sim/truth").json()
     gpu = f"gpu0@127.0.0.1:{sim.port}"
     energy = result.summary["energy"]
+    assert result.summary["simulated"] is True  # the scraped GPU is the simulator's device
     assert energy["headline_meters"] == [gpu]
     assert energy["meters"][gpu]["kind"] == "counter"
     assert abs(energy["meters"][gpu]["conservation_error"]) < 1e-9

@@ -187,6 +187,24 @@ async def test_api_key_never_reaches_a_file(tmp_path: Path, sim: SimulatorProces
     assert summary["config"]["api_key_set"] is True
 
 
+async def test_a_standalone_simulator_read_as_the_device_is_a_simulated_run(
+    tmp_path: Path, sim: SimulatorProcess
+) -> None:
+    # a run given --base-url is simulated all the same when its energy comes from a simulated
+    # device (here, the simulator's own source; likewise through an agent or its /metrics)
+    result = await run_benchmark(
+        quick_config(tmp_path, base_url=sim.base_url, max_queries=8, telemetry="sim")
+    )
+    assert result.summary["simulated"] is True
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["simulated"] is True
+    real = await run_benchmark(
+        quick_config(
+            tmp_path, base_url=sim.base_url, max_queries=8, telemetry="psutil", output_dir=tmp_path / "r"
+        )
+    )
+    assert real.summary["simulated"] is False  # nothing simulated was measured
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_ctrl_c_keeps_every_record_measured(tmp_path: Path, workers: str) -> None:
     run_dir = tmp_path / "interrupted"

@@ -451,7 +451,7 @@ class _LiveRun:
         spec = self.spec
         state = RunState(
             label=spec.label,
-            simulated=self.config.simulated,
+            simulated=self.config.simulated or telemetry.simulated,
             target_in_flight=spec.concurrency or spec.max_concurrency,
             ramp_to=spec.target if spec.ramp else None,
             ramp_rate=spec.rate is not None,
@@ -475,7 +475,7 @@ class _LiveRun:
         return Manifest(
             config=config.public(),
             anchor=anchor,
-            simulated=config.simulated,
+            simulated=config.simulated or telemetry.simulated,
             model=model,
             base_url=None if config.simulated else redact_url(base_url),
             workload={

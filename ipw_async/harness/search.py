@@ -54,6 +54,7 @@ class Probe:
     replicates: np.ndarray | None = None  # bootstrap × SLO
     figures: dict[str, Any] = field(default_factory=dict)  # means over the repeats
     oversaturated: bool = False  # a repeat's summary said so: it fails, whatever its SLOs
+    simulated: bool = False  # a repeat's summary said so (its energy read from a simulated device)
 
     @property
     def tightest(self) -> float:
@@ -189,6 +190,7 @@ def run_search(
             point, boot = margins(slos, [r.records for r in runs], seed=base.seed + len(probes))
             p.margins = {slo.name: float(m) for slo, m in zip(slos, point, strict=True)}
             p.oversaturated = any((r.summary.get("saturation") or {}).get("oversaturated") for r in runs)
+            p.simulated = any(r.simulated for r in runs)
             p.replicates = np.minimum(boot, OVERSATURATED_MARGIN) if p.oversaturated else boot
             p.figures = _mean_figures([headline_figures(r) | _band(r.ok) for r in runs])
         if progress is not None:
@@ -223,7 +225,7 @@ def run_search(
     result = SearchResult(out_dir, mode, slos, probes, found, interval, stop, summary, interrupted)
     result.search_dir.mkdir(parents=True, exist_ok=True)
     files.write_json(result.search_dir / "search.json", summary)
-    result.plots = plot_search(summary, result.search_dir, simulated=base.base_url is None)
+    result.plots = plot_search(summary, result.search_dir, simulated=summary["simulated"])
     return result
 
 
@@ -319,6 +321,6 @@ def _summary(
         "stop": stop,
         "repeats": len(probes[0].run_dirs) if probes else None,
         "probes": [p.as_dict() for p in probes],
-        "simulated": base.base_url is None,
+        "simulated": base.base_url is None or any(p.simulated for p in probes),
         "config": base.public(),
     }

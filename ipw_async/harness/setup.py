@@ -71,6 +71,8 @@ async def open_telemetry(
         raise RunError(missing[0])
     if sim is not None:
         note("SIMULATED run: built-in simulator server and simulated device (no real GPU measured)")
+    elif telemetry.simulated:
+        note("SIMULATED run: its energy is read from a simulated device (no real GPU measured)")
     for s in telemetry.opened:
         note(f"telemetry {s.source.name}: {s.info.description or ', '.join(s.info.columns)}")
     for name, reason in telemetry.skipped.items():

@@ -80,7 +80,8 @@ def _fill(row: dict[str, Any], run_dir: Path, previous_id: str | None) -> None:
         run = load_run(run_dir)
     except ValueError:
         return
-    row |= headline_figures(run) | {"complete": run.complete}
+    # a run's own label: its energy may come from a simulated device behind a real URL
+    row |= headline_figures(run) | {"complete": run.complete, "simulated": run.simulated}
 
 
 def run_sweep(
@@ -130,5 +131,5 @@ def run_sweep(
                 break
         if interrupted:
             break
-    simulated = base.base_url is None
+    simulated = base.base_url is None or any(row["simulated"] for row in rows)
     return write_sweep(out_dir, mode, levels, rows, limits, base.public(), simulated, repeats, interrupted)

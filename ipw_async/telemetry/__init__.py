@@ -34,6 +34,12 @@ class TelemetrySetup:
     opened: list[OpenSource] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # source name -> why
 
+    @property
+    def simulated(self) -> bool:
+        """Whether any energy it reads comes from a simulated device (ipw-async's simulator,
+        here, through an agent or scraped): the run's figures are then simulated too."""
+        return any(s.info.simulated for s in self.opened)
+
     def close(self) -> None:
         for s in self.opened:
             s.source.close()

@@ -118,6 +118,7 @@ class SourceInfo:
     columns: list[str]
     meters: list[Meter] = field(default_factory=list)
     description: str = ""
+    simulated: bool = False  # its readings come from a simulated device, not hardware
 
 
 class TelemetrySource(abc.ABC):

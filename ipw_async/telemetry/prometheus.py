@@ -62,6 +62,9 @@ def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
     return samples
 
 
+SIMULATED_MODEL = "SIMULATED"
+
+
 class PrometheusSource(CountedSource):
     """One scrape endpoint, e.g. DCGM exporter's ``http://gpu-host:9400/metrics``."""
 
@@ -106,7 +109,8 @@ class PrometheusSource(CountedSource):
 
     def open(self) -> SourceInfo:
         try:
-            values = self._values(self._scrape())
+            text = self._scrape()
+            values = self._values(text)
         except ERRORS as exc:
             raise SourceUnavailable(f"cannot scrape {self.url} ({exc})") from None
         if not values:
@@ -132,6 +136,8 @@ class PrometheusSource(CountedSource):
             columns=self._columns,
             meters=meters,
             description=f"Prometheus {self.url}: {gpus} GPU(s) (DCGM or AMD exporter), {server} server metric(s)",
+            # ipw-async's simulator shows its device as a GPU of this model name
+            simulated=any(labels.get("modelName") == SIMULATED_MODEL for _, labels, _ in parse(text)),
         )
 
     def read(self) -> Reading:

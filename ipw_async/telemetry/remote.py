@@ -213,6 +213,7 @@ class RemoteSource(TelemetrySource):
                 for m in self._info["meters"]
             ],
             description=f"{self._info['description']} (remote, agent {self.agent.url})",
+            simulated=bool(self._info.get("simulated", False)),
         )
 
     def read(self) -> Reading:

@@ -52,6 +52,7 @@ class SimDeviceSource(CountedSource):
             columns=self._columns,
             meters=meters,
             description="SIMULATED device: " + ", ".join(c.split(".", 1)[1] for c in self._columns),
+            simulated=True,
         )
 
     def read(self) -> Reading:
