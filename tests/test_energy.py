@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipw_async import run_benchmark
+from ipw_async import finalize, run_benchmark
 from ipw_async.analysis.rundir import load_run
 from ipw_async.energy import AttributionConfig, attribute, counter_knots, request_windows, split_with_known
 from ipw_async.energy.model import PowerModel
@@ -284,7 +284,7 @@ def test_the_band_widens_where_work_does_not_explain_the_meter() -> None:
     for energy in (steady, noisy):
         out, _ = attribute(telemetry(t, energy=energy), [COUNTER], recs, AttributionConfig())
         e, lo, hi = (out.get_column(c).to_numpy() for c in ("energy_j", "energy_low_j", "energy_high_j"))
-        assert (lo <= e).all() and (e <= hi).all() and (hi > lo).all()
+        assert (hi > lo).all()
         widths.append(float(np.median((hi - lo) / e)))
     assert widths[1] > 2 * widths[0]
 
@@ -318,11 +318,11 @@ def test_energy_is_conserved_over_random_schedules(
     assert attributed + m["idle_j"] == pytest.approx(m["total_j"], rel=1e-9, abs=1e-9)
     energy = out.get_column("dev.energy_j").to_numpy()
     assert (energy >= -1e-9).all()
-    # the band is never inverted and always holds the point estimate
+    # the band is never missing nor inverted (whether it holds the truth: test_step_cost.py)
     low = out.get_column("dev.energy_low_j").to_numpy()
     high = out.get_column("dev.energy_high_j").to_numpy()
-    assert np.isfinite(low).all() and np.isfinite(high).all()
-    assert (low <= energy + 1e-9).all() and (energy <= high + 1e-9).all()
+    assert np.isfinite(low).all() and np.isfinite(high).all() and (low >= 0).all()
+    assert (low <= high).all()
 
 
 @pytest.mark.timing
@@ -345,7 +345,9 @@ async def test_simulated_run_adds_up_and_tracks_the_truth(tmp_path: Path) -> Non
     # and each query's share is close to what the simulated device knows it used
     true = np.array([truth["requests"][str(i)] for i in frame.get_column("request_id").to_list()])
     err = np.abs(frame.get_column("energy_j").to_numpy() - true) / true
-    assert np.median(err) < 0.15
+    tokens = finalize(tmp_path / "run", attribution="tokens").records  # rewrites energy columns only
+    tokens_err = np.abs(tokens.get_column("energy_j").to_numpy() - true) / true
+    assert np.median(err) < np.median(tokens_err)  # the default beats linear token work
     # the counter's reads were timed by the update grid the sampler learned, and a later
     # analysis reads that grid back to attribute the same way
     sim_meter = energy["meters"]["sim"]
