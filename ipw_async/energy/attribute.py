@@ -30,7 +30,7 @@ from .fit import fit, parse_effects
 from .model import PowerModel
 from .problem import Problem, design
 from .split import Segments, StepShares, Timeline, equal_segments, safe_div
-from .stepcost import StepCost, entry_features, fit_step_cost
+from .stepcost import StepCost, fit_step_cost
 from .steps import Steps
 from .work import Work, step_shares
 
@@ -107,11 +107,11 @@ class Split:
 def _steps(inputs: _Inputs) -> Split:
     if inputs.step_cost is None:  # a host meter: the step costs are the accelerator's
         return _tokens(inputs)
-    return step_cost_split(inputs.step_cost, inputs.work.steps, inputs.designs(inputs.step_cost.lag_ms))
+    return step_cost_split(inputs.step_cost, inputs.work, inputs.designs(inputs.step_cost.lag_ms))
 
 
-def step_cost_split(cost: StepCost, steps: Steps, seconds_seen: sparse.csr_matrix) -> Split:
-    return Split(None, cost.static_w, True, cost.shares(steps, entry_features(steps), seconds_seen))
+def step_cost_split(cost: StepCost, work: Work, seconds_seen: sparse.csr_matrix) -> Split:
+    return Split(None, cost.static_w, True, cost.shares(work.steps, work.features, seconds_seen))
 
 
 def _fitted(inputs: _Inputs) -> Split:
@@ -233,7 +233,7 @@ def attribute_meter(
     cost: StepCost | None = None
     model, alike = None, []
     if accelerator and rule is _steps:
-        cost = fit_step_cost(problem, entry_features(work.steps), _static_source(meter, config))
+        cost = fit_step_cost(problem, work.features, _static_source(meter, config))
     elif accelerator:
         model, alike = fit(problem, parse_effects(config.power_model))
     inputs = _Inputs(
@@ -257,7 +257,7 @@ def attribute_meter(
         timeline = Timeline(vc, inputs.active, [], n)
         energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
         seen = problem.design(cost.lag_ms)
-        others = [_apply(timeline, step_cost_split(c, work.steps, seen))[0] for c in cost.moved()]
+        others = [_apply(timeline, step_cost_split(c, work, seen))[0] for c in cost.moved()]
         low, high = cost_band(timeline, [energy, *others], cost.band_error)
     else:
         chosen = rule(inputs)

@@ -31,6 +31,7 @@ class Problem:
     default_prefill_weight: float
     temperature: tuple[np.ndarray, np.ndarray] | None = None  # the meter's (t, °C) where it has one
     parent: Problem | None = None  # a window's whole run: the die warmed over all of it
+    inside: np.ndarray | None = None  # a window's steps, as indices into its parent's
     _designs: dict[float, sparse.csr_matrix] = field(default_factory=dict)
     _drifts: dict[float | None, Drift] = field(default_factory=dict)
 
@@ -79,7 +80,9 @@ class Problem:
         one = np.arange(inside.size)
         decode, context, prefill, position = (f[inside] for f in self.features)
         steps = Steps(s.start[inside], s.end[inside], decode, prefill, np.zeros_like(one), one, decode, prefill, context, position)
-        return Problem(counter, steps, self.static_w, self.default_prefill_weight, self.temperature, parent=self)
+        return Problem(
+            counter, steps, self.static_w, self.default_prefill_weight, self.temperature, parent=self, inside=inside
+        )
 
     def drift_taus(self) -> tuple[float | None, ...]:
         return (None,) if self.temperature is not None else DRIFT_TAUS_S

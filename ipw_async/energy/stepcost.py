@@ -29,6 +29,7 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import nnls
 
+from .fit import SELECTION_INTERVALS
 from .problem import LAGS_MS, Problem
 from .split import StepShares, safe_div
 from .steps import Steps
@@ -149,13 +150,17 @@ class StepCost:
         }
 
 
-def _columns(problem: Problem, features: np.ndarray, seconds_seen: sparse.csr_matrix) -> np.ndarray:
+def _per_step(steps: Steps, features: np.ndarray) -> np.ndarray:
+    """Each step's units of every term (a step × term matrix)."""
+    return np.column_stack(
+        [np.bincount(steps.step, weights=features[:, j], minlength=steps.count) for j in range(len(TERMS))]
+    )
+
+
+def _columns(problem: Problem, per_step: np.ndarray, seconds_seen: sparse.csr_matrix) -> np.ndarray:
     """Each interval's units of every term: the steps' units spread evenly over their time."""
     steps = problem.steps
     duration = np.maximum(steps.end - steps.start, 1.0) / 1e9
-    per_step = np.column_stack(
-        [np.bincount(steps.step, weights=features[:, j], minlength=steps.count) for j in range(len(TERMS))]
-    )
     return np.asarray(seconds_seen @ (per_step / duration[:, None]))
 
 
@@ -199,10 +204,20 @@ def fit_step_cost(problem: Problem, features: np.ndarray, static_source: str) ->
             "energy shared by token work (a prompt token at the prefill weight)"
         )
         return StepCost(static, fallback, source, np.full(len(TERMS), np.inf), intervals=n, notes=[note])
-    fits = [_fit_at(problem, features, lag) for lag in LAGS_MS]
+    per_step = _per_step(problem.steps, features)
+    # a long run's lag is chosen mid-run, over SELECTION_INTERVALS: each lag's design costs what
+    # the steps do, and five of them over 100,000 requests took most of finalizing them
+    sample = problem.window(SELECTION_INTERVALS)
+    units = per_step if sample.inside is None else per_step[sample.inside]
+    fits = [_fit_at(sample, units, lag) for lag in LAGS_MS]
     best = min(
         fits, key=lambda f: (f.held_out_error if f.held_out_error is not None else f.in_sample_error) or 0.0
     )
+    if sample is not problem:
+        best = _fit_at(problem, per_step, best.lag_ms)
+        best.notes.append(
+            f"meter lag chosen over the {sample.energy.size} meter intervals mid-run, then fitted to all {n}"
+        )
     best.static_source = source
     if best.held_out_error is None:
         best.notes.append(
@@ -211,9 +226,9 @@ def fit_step_cost(problem: Problem, features: np.ndarray, static_source: str) ->
     return best
 
 
-def _fit_at(problem: Problem, features: np.ndarray, lag_ms: float) -> StepCost:
+def _fit_at(problem: Problem, per_step: np.ndarray, lag_ms: float) -> StepCost:
     usable = problem.usable
-    x = _columns(problem, features, problem.design(lag_ms))
+    x = _columns(problem, per_step, problem.design(lag_ms))
     y = problem.energy
     static = problem.static_w
 

@@ -9,6 +9,7 @@ fitted power model's share of each step as the meter saw it (the default).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import polars as pl
@@ -16,6 +17,7 @@ from scipy import sparse
 
 from .model import PowerModel
 from .split import Segments, StepShares, safe_div
+from .stepcost import entry_features
 from .steps import ChunkGroups, Steps, computed_prompt_tokens, steps_of
 
 
@@ -56,6 +58,12 @@ class Work:
     steps: Steps  # the engine steps inferred from the token bursts
     last_step: Segments  # each prompt's prefill all in its first token's step
     placed: Segments  # the tokens rule's work in the inferred steps (chunked prefill spread)
+
+    @cached_property
+    def features(self) -> np.ndarray:
+        """Each (request, step) entry's units of every step cost (:func:`.stepcost.entry_features`):
+        the same for every meter and every split of the band."""
+        return entry_features(self.steps)
 
     @classmethod
     def of(cls, requests: pl.DataFrame) -> Work:
