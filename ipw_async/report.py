@@ -33,9 +33,14 @@ _COST_LABELS = {
 def describe_step_costs(model: dict[str, Any]) -> str:
     """Step costs in one line: static power and where it came from, the costs the run found
     (those it found none of left out), convention and fit."""
-    costs = ", ".join(_COST_LABELS[k].format(v) for k, v in model["costs"].items() if v > 0) or "none found"
+    shared = set(model.get("shared_equally", ()))
+    costs = ", ".join(
+        _COST_LABELS[k].format(v) + (" (shared)" if k in shared and k != "per_decode_step_j" else "")
+        for k, v in model["costs"].items()
+        if v > 0
+    )
     fit = f", R² {model['r2']:.3f}" if model.get("r2") is not None else ""
-    return f"step costs (v2): static {model['static_w']:,.1f} W ({model['static_source']}); {costs}{fit}"
+    return f"step costs (v2): static {model['static_w']:,.1f} W ({model['static_source']}); {costs or 'none found'}{fit}"
 
 
 def describe_model(model: dict[str, Any]) -> str:

@@ -54,6 +54,7 @@ def finalize(
     prefill_weight: float | None = None,
     power_model: str | None = None,
     baseline_w: float | None = None,
+    context_cost: str | None = None,
 ) -> RunResult:
     """Attribute energy and write ``records.arrow`` (with energy, and as Parquet),
     ``telemetry.parquet``, ``traces.jsonl``, ``summary.json`` and ``dataset/`` (IPW's layout)
@@ -76,6 +77,7 @@ def finalize(
         prefill_weight=config["prefill_weight"] if prefill_weight is None else prefill_weight,
         power_model=own_model if power_model is None else power_model,
         baseline_w=config["baseline_w"] if baseline_w is None else baseline_w,
+        context_cost=config.get("context_cost", "shared") if context_cost is None else context_cost,
         baseline_window_ns=manifest.baseline_window_ns,
         session_starts_ns=manifest.session_starts_ns,
     )

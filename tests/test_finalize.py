@@ -245,3 +245,21 @@ def test_library_and_cli_seed_the_simulator_alike(tmp_path: Path) -> None:
         assert json.loads((tmp_path / name / "summary.json").read_text())["config"]["sim"]["seed"] == 3
     assert answers(tmp_path / "cli") == answers(tmp_path / "lib")
     assert answers(tmp_path / "lib") != answers(tmp_path / "seed0")
+
+
+def test_finalize_says_how_a_step_s_context_is_shared_and_refuses_what_it_does_not_know(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    run_dir = tmp_path / "context"
+    shutil.copytree(finished_run, run_dir)
+    before = json.loads((run_dir / "summary.json").read_text())["energy"]
+    assert before["context_cost"] == "shared"
+    refused = cli.invoke(app, ["finalize", str(run_dir), "--context-cost", "padded"], env={"COLUMNS": "300"})
+    assert refused.exit_code == 2 and "unknown context cost 'padded'; choose shared or own" in refused.output
+    assert cli.invoke(app, ["finalize", str(run_dir), "--context-cost", "own"]).exit_code == 0
+    after = json.loads((run_dir / "summary.json").read_text())["energy"]
+    model = after["meters"]["sim"]["power_model"]
+    assert after["context_cost"] == "own" and model["shared_equally"] == ["per_decode_step_j"]
+    assert abs(after["meters"]["sim"]["conservation_error"]) < 1e-9

@@ -51,9 +51,9 @@ def scripted(
     )
 
 
-def entry_energy(steps: Steps, costs: dict[str, float]) -> np.ndarray:
-    cost = StepCost(STATIC_W, np.array([costs.get(name, 0.0) for name, _ in TERMS]), "given")
-    return np.bincount(steps.req, weights=cost.entry_energy(entry_features(steps)))
+def entry_energy(steps: Steps, costs: dict[str, float], context_cost: str = "shared") -> np.ndarray:
+    cost = StepCost(STATIC_W, np.array([costs.get(name, 0.0) for name in TERMS]), "given")
+    return np.bincount(steps.req, weights=cost.entry_energy(entry_features(steps, context_cost)))
 
 
 def test_a_step_s_own_cost_is_shared_equally_whatever_each_decoder_s_tokens() -> None:
@@ -79,9 +79,8 @@ def test_with_no_fixed_cost_it_is_the_old_rule_by_work() -> None:
 def test_the_context_a_padded_batch_reads_is_shared_and_unpadded_it_is_own() -> None:
     steps = scripted([[0, 1]], [[1.0, 1.0]], {})
     steps.entry_context = np.array([3.0, 1.0])  # thousands of KV positions each read
-    shared = entry_features(steps) @ np.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-    own = entry_features(steps, (True, False, False, False, False, False)) @ np.array([0, 0, 1.0, 0, 0, 0])
-    assert shared == pytest.approx([2.0, 2.0]) and own == pytest.approx([3.0, 1.0])
+    assert entry_energy(steps, {"per_context_ktoken_j": 1.0}) == pytest.approx([2.0, 2.0])
+    assert entry_energy(steps, {"per_context_ktoken_j": 1.0}, "own") == pytest.approx([3.0, 1.0])
 
 
 def _run(

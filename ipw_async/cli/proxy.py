@@ -39,6 +39,7 @@ _KEPT = {
     "baseline_w",
     "attribution",
     "prefill_weight",
+    "context_cost",
     "power_model",
     "output_dir",
     "overwrite",

@@ -134,6 +134,13 @@ def finalize_command(
         float | None,
         typer.Option(help="Idle accelerator power in watts, instead of the run's measured baseline."),
     ] = None,
+    context_cost: Annotated[
+        str | None,
+        typer.Option(
+            help="The steps rule's cost of a decode step's context reads: shared (by the step's decoders, "
+            "where CUDA graphs pad attention to the longest context) or own (paged attention). Default: the run's."
+        ),
+    ] = None,
 ) -> None:
     """Re-attribute a run's energy from its own files, with other settings, without re-running it.
 
@@ -150,6 +157,7 @@ def finalize_command(
             prefill_weight=prefill_weight,
             power_model=power_model,
             baseline_w=baseline_w,
+            context_cost=context_cost,
         )
     except (RunDirError, ValueError) as exc:  # ValueError: an unknown rule or power-model effect
         raise fail(str(exc)) from None

@@ -30,7 +30,7 @@ from .fit import fit, parse_effects
 from .model import PowerModel
 from .problem import Problem, design
 from .split import Segments, StepShares, Timeline, equal_segments, safe_div
-from .stepcost import StepCost, fit_step_cost
+from .stepcost import CONTEXT_COSTS, StepCost, fit_step_cost
 from .steps import Steps
 from .work import Work, step_shares
 
@@ -46,6 +46,7 @@ class AttributionConfig:
     rule: str = "steps"
     prefill_weight: float = DEFAULT_PREFILL_WEIGHT
     power_model: str = "auto"  # the fitted rule's effects: chosen by the run, or given (fit.parse_effects)
+    context_cost: str = "shared"  # the steps rule's context reads: shared by a step's decoders, or own
     baseline_w: float | None = None  # given idle power for accelerator meters
     baseline_window_ns: tuple[int, int] | None = None  # measure idle power over this window
     session_starts_ns: tuple[int, ...] = ()  # resumed sessions: no energy counted across the gap
@@ -57,6 +58,8 @@ class AttributionConfig:
         parse_effects(self.power_model)  # raises ValueError, naming what it takes
         if self.rule == "steps" and self.power_model != "auto":
             raise ValueError(POWER_MODEL_NEEDS_FITTED)
+        if self.context_cost not in CONTEXT_COSTS:
+            raise ValueError(f"unknown context cost {self.context_cost!r}; choose {' or '.join(CONTEXT_COSTS)}")
 
 
 @dataclass
@@ -111,7 +114,8 @@ def _steps(inputs: _Inputs) -> Split:
 
 
 def step_cost_split(cost: StepCost, work: Work, seconds_seen: sparse.csr_matrix) -> Split:
-    return Split(None, cost.static_w, True, cost.shares(work.steps, work.features, seconds_seen))
+    features = work.features(cost.context_cost)
+    return Split(None, cost.static_w, True, cost.shares(work.steps, features, seconds_seen))
 
 
 def _fitted(inputs: _Inputs) -> Split:
@@ -233,7 +237,9 @@ def attribute_meter(
     cost: StepCost | None = None
     model, alike = None, []
     if accelerator and rule is _steps:
-        cost = fit_step_cost(problem, work.features, _static_source(meter, config))
+        cost = fit_step_cost(
+            problem, work.features(config.context_cost), _static_source(meter, config), config.context_cost
+        )
     elif accelerator:
         model, alike = fit(problem, parse_effects(config.power_model))
     inputs = _Inputs(
@@ -331,6 +337,7 @@ def attribute(
         "rule": config.rule,
         "prefill_weight": config.prefill_weight,
         "power_model": config.power_model,
+        "context_cost": config.context_cost,
         "meters": {},
     }
     work = Work.of(requests)  # inferred once: every meter's split uses the same steps

@@ -22,7 +22,7 @@ power trades off against the costs (on a real H100 run it took 400 W of a 473 W 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -34,26 +34,33 @@ from .problem import LAGS_MS, Problem
 from .split import StepShares, safe_div
 from .steps import Steps
 
-# (name, shared by the step's decoders): the order of the fitted costs
-TERMS: tuple[tuple[str, bool], ...] = (
-    ("per_decode_step_j", True),
-    ("per_decode_token_j", False),
-    ("per_context_ktoken_j", True),
-    ("per_prefill_forward_j", False),
-    ("per_prompt_token_j", False),
-    ("per_prompt_position_ktoken_j", False),
+# the fitted costs, in order
+TERMS = (
+    "per_decode_step_j",
+    "per_decode_token_j",
+    "per_context_ktoken_j",
+    "per_prefill_forward_j",
+    "per_prompt_token_j",
+    "per_prompt_position_ktoken_j",
 )
+# How a decode step's context reads are shared: equally by its decoders where the engine pads
+# attention to the batch's longest context (CUDA graphs over attention-length buckets, as the
+# H100 server of the real traces does), each request's own where it reads only its own KV cache
+# (paged attention). The meter cannot tell them apart (the step's total is the same), nor could
+# its step times there (fits of Σ context and decoders × longest context differ by < 1% RMS).
+CONTEXT_COSTS = ("shared", "own")
+CONTEXT = TERMS.index("per_context_ktoken_j")
 FOLDS = 4
 MIN_FOLD_INTERVALS = 6
 MIN_INTERVALS = 8  # fewer usable intervals than this fit nothing: costs by token work alone
 Z = 1.96
 
 
-def entry_features(steps: Steps, shared: tuple[bool, ...] | None = None) -> np.ndarray:
-    """Per (request, step) entry, its units of every term (an entry × term matrix). A term
-    ``shared`` (default: as :data:`TERMS` says) is the step's units given in equal parts to its
-    decoding entries, so a column's sum over a step is the step's units either way."""
-    shared = tuple(flag for _, flag in TERMS) if shared is None else shared
+def entry_features(steps: Steps, context_cost: str = "shared") -> np.ndarray:
+    """Per (request, step) entry, its units of every term (an entry × term matrix). The
+    per-step cost, and the context where ``context_cost`` is shared, are the step's units in
+    equal parts to its decoding entries: a column's sum over a step is the step's units either way."""
+    shared = [0, CONTEXT] if context_cost == "shared" else [0]
     decoding = steps.entry_decode > 0
     context = steps.entry_context if steps.entry_context.size else np.zeros(steps.req.size)
     position = steps.entry_position if steps.entry_position.size else np.zeros(steps.req.size)
@@ -72,10 +79,9 @@ def entry_features(steps: Steps, shared: tuple[bool, ...] | None = None) -> np.n
     )
     decoders = np.bincount(steps.step[decoding], minlength=steps.count).astype(float)
     per_decoder = np.where(decoding, safe_div(np.ones(steps.req.size), decoders[steps.step]), 0.0)
-    for j, flag in enumerate(shared):
-        if flag:
-            step_units = np.bincount(steps.step, weights=own[:, j], minlength=steps.count)
-            own[:, j] = step_units[steps.step] * per_decoder
+    for j in shared:
+        step_units = np.bincount(steps.step, weights=own[:, j], minlength=steps.count)
+        own[:, j] = step_units[steps.step] * per_decoder
     return own
 
 
@@ -93,6 +99,7 @@ class StepCost:
     intervals: int = 0
     notes: list[str] = field(default_factory=list)
     lag_ms: float = 0.0  # the meter's lag behind the device the fit chose
+    context_cost: str = "shared"  # how a step's context reads are shared (CONTEXT_COSTS)
 
     def entry_energy(self, features: np.ndarray) -> np.ndarray:
         """Each entry's modelled energy (J): its own costs and its equal share of the step's."""
@@ -126,7 +133,7 @@ class StepCost:
             for sign in (-1.0, 1.0):
                 costs = self.costs.copy()
                 costs[i] = max(costs[i] + sign * Z * error, 0.0)
-                out.append(StepCost(self.static_w, costs, self.static_source, lag_ms=self.lag_ms))
+                out.append(replace(self, costs=costs, errors=np.zeros(0), notes=[]))
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -138,9 +145,9 @@ class StepCost:
             "convention": "v2",
             "static_w": self.static_w,
             "static_source": self.static_source,
-            "costs": {name: float(c) for (name, _), c in zip(TERMS, self.costs, strict=True)},
-            "errors": {name: finite(e) for (name, _), e in zip(TERMS, self.errors, strict=False)},
-            "shared_equally": [name for name, shared in TERMS if shared],
+            "costs": {name: float(c) for name, c in zip(TERMS, self.costs, strict=True)},
+            "errors": {name: finite(e) for name, e in zip(TERMS, self.errors, strict=False)},
+            "shared_equally": [TERMS[0], *([TERMS[CONTEXT]] if self.context_cost == "shared" else [])],
             "r2": self.r2,
             "held_out_error": self.held_out_error,
             "in_sample_error": self.in_sample_error,
@@ -187,10 +194,13 @@ def _standard_errors(x: np.ndarray, residuals: np.ndarray, coef: np.ndarray) -> 
     return out
 
 
-def fit_step_cost(problem: Problem, features: np.ndarray, static_source: str) -> StepCost:
+def fit_step_cost(
+    problem: Problem, features: np.ndarray, static_source: str, context_cost: str = "shared"
+) -> StepCost:
     """The costs the meter's intervals support (``problem.static_w``: static power where the run
     measured or was given it; fitted beside the costs where it is None), with the meter's lag
-    behind the device (:data:`LAGS_MS`) that predicts held-out intervals best."""
+    behind the device (:data:`LAGS_MS`) that predicts held-out intervals best; ``features``
+    are :func:`entry_features` with ``context_cost``."""
     usable = problem.usable
     n = int(usable.sum())
     static = problem.static_w
@@ -203,7 +213,8 @@ def fit_step_cost(problem: Problem, features: np.ndarray, static_source: str) ->
             f"{n} meter intervals and {problem.steps.count} steps: too few to fit step costs; "
             "energy shared by token work (a prompt token at the prefill weight)"
         )
-        return StepCost(static, fallback, source, np.full(len(TERMS), np.inf), intervals=n, notes=[note])
+        unfitted = np.full(len(TERMS), np.inf)
+        return StepCost(static, fallback, source, unfitted, intervals=n, notes=[note], context_cost=context_cost)
     per_step = _per_step(problem.steps, features)
     # a long run's lag is chosen mid-run, over SELECTION_INTERVALS: each lag's design costs what
     # the steps do, and five of them over 100,000 requests took most of finalizing them
@@ -218,7 +229,7 @@ def fit_step_cost(problem: Problem, features: np.ndarray, static_source: str) ->
         best.notes.append(
             f"meter lag chosen over the {sample.energy.size} meter intervals mid-run, then fitted to all {n}"
         )
-    best.static_source = source
+    best.static_source, best.context_cost = source, context_cost
     if best.held_out_error is None:
         best.notes.append(
             f"{n} meter intervals: too few to hold any out; the band takes twice the in-sample error"

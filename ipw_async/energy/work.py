@@ -8,8 +8,7 @@ fitted power model's share of each step as the meter saw it (the default).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
@@ -59,11 +58,14 @@ class Work:
     last_step: Segments  # each prompt's prefill all in its first token's step
     placed: Segments  # the tokens rule's work in the inferred steps (chunked prefill spread)
 
-    @cached_property
-    def features(self) -> np.ndarray:
-        """Each (request, step) entry's units of every step cost (:func:`.stepcost.entry_features`):
-        the same for every meter and every split of the band."""
-        return entry_features(self.steps)
+    _features: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def features(self, context_cost: str) -> np.ndarray:
+        """Each (request, step) entry's units of every step cost (:func:`.stepcost.entry_features`),
+        made once: the same for every meter and every split of the band."""
+        if context_cost not in self._features:
+            self._features[context_cost] = entry_features(self.steps, context_cost)
+        return self._features[context_cost]
 
     @classmethod
     def of(cls, requests: pl.DataFrame) -> Work:

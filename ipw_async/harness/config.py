@@ -18,6 +18,7 @@ from ..client import ClientConfig
 from ..energy import RULES
 from ..energy.attribute import POWER_MODEL_NEEDS_FITTED
 from ..energy.fit import parse_effects
+from ..energy.stepcost import CONTEXT_COSTS
 from ..errors import RunError
 from ..load import ARRIVALS, RAMPS, LoadSpec
 from ..scoring import SCORERS
@@ -423,6 +424,16 @@ class RunConfig:
             "equal, or window (whole-window, over-counts).",
             panel=ENERGY,
             choices=tuple(RULES),
+        ),
+    )
+    context_cost: str = field(
+        default="shared",
+        metadata=option(
+            "The steps rule's cost of the context a decode step reads: shared (equally by the step's "
+            "decoders, as where CUDA graphs pad attention to the batch's longest context) or own "
+            "(each request's own reads, as paged attention without padding does).",
+            panel=ENERGY,
+            choices=CONTEXT_COSTS,
         ),
     )
     prefill_weight: float = field(
