@@ -79,9 +79,28 @@ _PARAM_KEYS = {
 }
 
 
+def _describe_cost_fit(model: dict[str, Any]) -> list[str]:
+    """How well the step costs are known: each one ± its standard error, the meter's lag and
+    the fit's error on intervals it was not fitted to."""
+    errors = model.get("errors") or {}
+    known = [
+        f"{name.removesuffix('_j').replace('_', ' ')} {value:.3g} ± {errors[name]:.2g} J"
+        for name, value in model["costs"].items()
+        if errors.get(name) is not None and (value > 0 or errors[name] > 0)
+    ]
+    held = model.get("held_out_error")
+    fit = [
+        f"meter lag {model.get('lag_ms', 0):g} ms; interval error "
+        + (f"{held:.1%} held out" if held is not None else "not held out (too few intervals)")
+    ]
+    return (["costs ± standard error: " + ", ".join(known)] if known else []) + fit + list(model.get("notes") or [])
+
+
 def describe_selection(model: dict[str, Any]) -> list[str]:
     """How the run chose its power model: each candidate's held-out error, and the chosen
     model's parameters with their standard errors."""
+    if "costs" in model:
+        return _describe_cost_fit(model)
     selection = model.get("selection") or {}
     errors = selection.get("held_out_error") or {}
     lines = []

@@ -318,6 +318,9 @@ def _power_model(index: int, meter: str, model: dict[str, Any]) -> str:
         [esc(label), cell(values[key], ",.4g", unit), cell(errors.get(err), ",.2g")]
         for label, key, err, unit in PARAMETERS
         if values.get(key) is not None
+    ] + [  # a step-cost model's costs (convention v2)
+        [esc(name.removesuffix("_j").replace("_", " ")), cell(value, ",.4g", " J"), cell(errors.get(name), ",.2g")]
+        for name, value in (model.get("costs") or {}).items()
     ]
     selection = model.get("selection") or {}
     held_out: dict[str, float] = selection.get("held_out_error") or {}

@@ -90,7 +90,7 @@ def _print_analysis(results: dict[str, dict[str, Any]]) -> None:
             split = ", ".join(f"{k} {v['energy_j']:,.1f} J" for k, v in rep["phases"].items())
             out.print(f"  {meter} by phase: {split} (deviation from total {fmt(rep['deviation'], '.1e')})")
         if rep.get("power_model"):
-            out.print(f"  {meter} power model: {describe_model(rep['power_model'])}")
+            out.print(f"  {meter} energy model: {describe_model(rep['power_model'])}")
             for line in describe_selection(rep["power_model"]):
                 out.print(f"    {line}")
     tasks = results.get("tasks", {}).get("tasks")
