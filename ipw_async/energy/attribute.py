@@ -14,7 +14,7 @@ sequential profiler reports (it counts overlaps again: no conservation, no band)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -263,7 +263,10 @@ def attribute_meter(
         timeline = Timeline(vc, inputs.active, [], n)
         energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
         seen = problem.design(cost.lag_ms)
-        others = [_apply(timeline, step_cost_split(c, work, seen))[0] for c in cost.moved()]
+        # the costs moved by their errors, and the other reading of the context, which neither
+        # the meter nor step times tell apart: the band spans what each could move
+        other = replace(cost, context_cost=next(c for c in CONTEXT_COSTS if c != cost.context_cost))
+        others = [_apply(timeline, step_cost_split(c, work, seen))[0] for c in (*cost.moved(), other)]
         low, high = cost_band(timeline, [energy, *others], cost.band_error)
     else:
         chosen = rule(inputs)
