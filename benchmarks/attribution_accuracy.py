@@ -5,8 +5,10 @@ integration and a device with telemetry dropouts that forces imputation) this ru
 simulator under load, then attributes the same telemetry with every rule and compares with
 the energy the simulated device knows each request used:
 
-- ``fitted (default)``: static power at the measured idle baseline shared equally, the rest
-  by the power model fitted to the run over the engine steps inferred from token arrivals;
+- ``steps (default)``: static power at the measured idle baseline shared equally, each
+  engine step inferred from token arrivals costing what the run's fit of step costs says,
+  shared by accounting convention v2 (the simulator's truth follows it too); ``fitted``: the
+  rest by the power model fitted to the run, its per-step power shared equally;
   ``tokens``: the rest by token work, linearly; ``tokens, 0 W``: all energy by token work;
   ``equal``;
 - baselines: ``total/N`` (run total ÷ request count, as AIPerf reports) and ``window``
@@ -116,7 +118,8 @@ def cases(quick: bool) -> list[Case]:
     return out
 
 
-DEFAULT = "fitted (default)"  # what `ipw-async run` reports unless told otherwise
+DEFAULT = "steps (default)"  # what `ipw-async run` reports unless told otherwise
+FITTED = "fitted"  # the power model fitted to the run, its per-step power shared equally
 FLOOR = "sim steps+model"  # the simulator's own steps and physics: the meter's resolution
 GIVEN = "fit, true effects"  # the fitted rule told which effects the device has: no selection
 # Where the default's error comes from, stage by stage: each oracle row removes one stage
@@ -194,7 +197,8 @@ def score(
     (``engine``: its physics), also the split its own steps and physics give. Also the summary
     the default method finishes the run with (its power model: :func:`chosen_model`)."""
     methods: dict[str, dict[str, Any]] = {
-        DEFAULT: {"attribution": "fitted"},
+        DEFAULT: {"attribution": "steps"},
+        FITTED: {"attribution": "fitted"},
         "tokens": {"attribution": "tokens"},
         "tokens, 0 W": {"attribution": "tokens", "baseline_w": 0.0},
         "equal": {"attribution": "equal"},
@@ -404,6 +408,7 @@ async def run_draw(draw: Draw, runs: Path) -> dict[str, Any]:
     rows, true, long, summary = score(run_dir, truth, steady_from=draw.steady_from, engine=draw.engine)
     return {
         "case": draw.label,
+        "seed": draw.seed,
         "family": draw.family,
         "effects": effects_of(draw.engine),
         "counter_ms": draw.engine.counter_period_ms,
@@ -480,7 +485,8 @@ def print_bounds(results: list[dict[str, Any]]) -> None:
         f"{'draw':<5} {'counter':>8} {'meter':>7} {'+steps':>7} {'+weights':>9} {'+selection':>11}  bound    effects"
     )
     bounds: dict[str, list[int]] = {name: [] for name, _, _ in STAGES}
-    for seed, r in enumerate(results):
+    for r in results:
+        seed = r["seed"]
         m = r["methods"]
         if GIVEN not in m or FLOOR not in m:
             continue
@@ -546,7 +552,14 @@ def main() -> None:
         "--random",
         type=int,
         metavar="N",
-        help="instead: N draws of physics and workload at random (seeds 0..N-1), each judged alike",
+        help="instead: N draws of physics and workload at random (seeds S..S+N-1), each judged alike",
+    )
+    parser.add_argument(
+        "--seed-start",
+        type=int,
+        default=0,
+        metavar="S",
+        help="the first draw's seed (default 0); report claims on a range never used while developing",
     )
     mode.add_argument(
         "--ablation",
@@ -582,7 +595,7 @@ def main() -> None:
         runs = args.runs or Path(tmp)
         runs.mkdir(parents=True, exist_ok=True)
         if args.random:
-            for seed in range(args.random):
+            for seed in range(args.seed_start, args.seed_start + args.random):
                 draw = Draw.of(seed, args.family)
                 r = asyncio.run(run_draw(draw, runs))
                 results.append(r)

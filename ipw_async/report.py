@@ -33,6 +33,11 @@ _COST_LABELS = {
 def describe_step_costs(model: dict[str, Any]) -> str:
     """Step costs in one line: static power and where it came from, the costs the run found
     (those it found none of left out), convention and fit."""
+    if model.get("r2") is None:  # too few intervals: the costs are token weights, not a fit
+        return (
+            f"step costs (v2): static {model['static_w']:,.1f} W ({model['static_source']}); "
+            "too few meter intervals to fit: shared by token work"
+        )
     shared = set(model.get("shared_equally", ()))
     costs = ", ".join(
         _COST_LABELS[k].format(v) + (" (shared)" if k in shared and k != "per_decode_step_j" else "")

@@ -11,8 +11,9 @@ figure per unit, fitted to the meter's intervals:
 - per prompt token computed, and per thousand positions before those tokens.
 
 Convention v2 shares them as their causes do: the per-step cost equally among the requests
-that decoded in the step (the Shapley value of a fixed cost), every other cost to the request
-that incurred it. A fit finds the costs by non-negative least squares of every usable meter
+that decoded in the step (the Shapley value of a fixed cost), and the context read too where
+attention is padded to the batch's longest context (:data:`CONTEXT_COSTS`); every other cost to
+the request that incurred it. A fit finds the costs by non-negative least squares of every usable meter
 interval's energy less static power × its time, against the steps' modelled energy spread
 evenly over each step's time. Static power is the run's measured idle baseline where it has
 one (the device with its clocks up and nothing computed, as it draws between steps), and
