@@ -15,7 +15,7 @@ equal share of the part of every step's dynamic energy that ``step_w`` draws amo
 in the step, and its work share of the rest. The device exposes what a GPU would: a
 cumulative counter in whole mJ on a (jittered) grid, instantaneous and 1-second averaged power (both possibly lagging), temperature.
 
-By default the device looks like a measured H100 server: a cost per step whatever its batch,
+By default the device has a cost per step whatever its batch (not yet the H100's per-step energy, padded buckets and prefill forwards),
 a meter that trails the device by 40 ms on a counter grid jittered by 2 ms, and steps that
 stretch at the power limit; the other effects are off (:mod:`.physics`: :data:`ABSENT` turns
 every one off, :func:`drawn_physics` draws them).

@@ -1,6 +1,6 @@
 """The simulated server's physics: the engine's step times and the device's power, static,
 meter and limits (:class:`EngineConfig`), the effects a real device has, and random draws of
-them for judging attribution on devices it was not tuned to."""
+them for testing attribution over a family of devices."""
 
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ def effects_of(config: EngineConfig) -> list[str]:
 
 def drawn_physics(seed: int, *, effects: bool = True, **fixed: object) -> EngineConfig:
     """A server and device drawn at random from ``seed``: the simulator as a family, so an
-    attribution rule is judged on physics it was not tuned to. Each real-device effect is
+    attribution rule is tested over a family of physics. Each real-device effect is
     present in about 60% of draws (none with ``effects=False``). ``fixed`` pins fields."""
     rng = random.Random(seed)
 
