@@ -47,6 +47,18 @@ def test_run_help_explains_every_option() -> None:
     assert flagless == {"runs_root", "dataset_seed", "tail_s", "abort_after_connect_errors", "sim"}
 
 
+def test_help_prints_brackets_as_written_not_as_markup() -> None:
+    result = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "300", "NO_COLOR": "1"})
+    assert "pip install 'ipw-async[mcp]'" in result.output
+
+
+def test_version_prints_the_installed_version() -> None:
+    from ipw_async import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"ipw-async {__version__}"
+
+
 def test_a_value_outside_an_options_choices_is_refused_with_the_choices() -> None:
     result = runner.invoke(app, ["run", "--workload", "agentc"], env={"COLUMNS": "200", "NO_COLOR": "1"})
     assert result.exit_code == 2

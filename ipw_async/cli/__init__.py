@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from .. import __version__
 from . import agent, analysis, export, judge, proxy, run, search
-from ._common import Debug, err
+from ._common import Debug, err, out
 
 app = typer.Typer(
     add_completion=False,
@@ -19,10 +20,20 @@ app = typer.Typer(
 )
 
 
+def _version(asked: bool) -> None:
+    if asked:
+        out.print(f"ipw-async {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
     debug: Annotated[
         bool, typer.Option("--debug", help="Show full tracebacks instead of one-line errors.")
+    ] = False,
+    _: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = False,
 ) -> None:
     Debug.on = debug

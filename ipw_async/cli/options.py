@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from .._options import options_of
 from ..harness import RunConfig
@@ -53,7 +54,7 @@ def parameters(cls: type) -> list[inspect.Parameter]:
             kind = kind | None if default is None else kind
         info = typer.Option(
             *opt.flags,
-            help=opt.help,
+            help=escape(opt.help),  # plain text: "ipw-async[mcp]" is not rich markup
             envvar=opt.envvar,
             show_default=opt.show_default,
             rich_help_panel=opt.panel,
