@@ -32,7 +32,9 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import asyncio
 
     tmp = tmp_path_factory.mktemp("finished")
-    asyncio.run(run_benchmark(quick_config(tmp, max_queries=40, concurrency=8, warmup=4)))
+    # the sampler runs about 1 s here: a probe of the default 1 s learned no grid 1 run in 4
+    config = quick_config(tmp, max_queries=40, concurrency=8, warmup=4, counter_probe_s=0.4)
+    asyncio.run(run_benchmark(config))
     return tmp / "run"
 
 
