@@ -315,3 +315,29 @@ async def test_api_key_is_sent_as_bearer_but_never_in_repr(sim: SimulatorProcess
     config = ClientConfig(base_url=sim.base_url, api_key="sk-secret-123")
     assert "sk-secret" not in repr(config)
     assert await list_models(sim.base_url, "sk-secret-123") == ["sim-small"]
+
+
+async def test_a_base_url_query_is_sent_after_the_path_and_never_shown() -> None:
+    network = ScriptedNetwork(Reply.sse([(1 * MS, chat_event("x", finish="stop"))]))
+    config = ClientConfig(base_url="http://s.test/openai/v1/?api-version=2024-06&api-key=sk-q-789")
+    client = StreamingClient(config, 0, network, network.clock)
+    record = RequestRecord(request_id=0, query_id="q", dataset="d", prompt="p")
+    await client.send(record, b"{}")
+    await client.aclose()
+    assert network.requests[0].startswith(
+        b"POST /openai/v1/chat/completions?api-version=2024-06&api-key=sk-q-789 HTTP/1.1\r\n"
+    )
+    assert repr(config) == (
+        "ClientConfig(base_url='http://s.test/openai/v1/?api-version=2024-06&api-key=***', endpoint='chat')"
+    )
+    assert "sk-q-789" not in repr(ClientConfig(base_url="http://me:sk-q-789@s.test/v1"))
+
+
+async def test_list_models_takes_a_query_and_its_errors_never_show_a_secret(sim: SimulatorProcess) -> None:
+    assert await list_models(f"{sim.base_url}?api-key=sk-q-789", None) == ["sim-small"]
+    with pytest.raises(ServerUnreachable) as refused:
+        await list_models("http://127.0.0.1:9/v1?token=sk-q-789", None, timeout=2)
+    with pytest.raises(ServerUnreachable) as invalid:
+        await list_models("localhost:8000/v1?token=sk-q-789", None)
+    assert "http://127.0.0.1:9/v1?token=***" in str(refused.value)
+    assert "sk-q-789" not in str(refused.value) + str(invalid.value)

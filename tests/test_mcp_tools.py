@@ -21,7 +21,7 @@ from ipw_async import RunError, run_benchmark
 from ipw_async.traces import QueryTrace
 from ipw_async.workload.agentic import react_preamble
 from ipw_async.workload.builtin_mcp import served_over_http
-from ipw_async.workload.mcp_tools import McpServer, McpTools
+from ipw_async.workload.mcp_tools import McpServer, McpTools, redacted, written
 from ipw_async.workload.tasks import builtin_tasks
 from ipw_async.workload.tools import BUILTIN_TOOLS, ToolError, ToolSpec
 
@@ -147,6 +147,22 @@ def test_arguments_labels_and_react_lines_follow_the_tool_list() -> None:
     assert McpServer("/opt/venv/bin/python -m my.server --token s3cret").label() == "python my.server"
     assert McpServer("mcp-tool --token s3cret serve").label() == "mcp-tool"
     assert McpServer("builtin").label() == "builtin"
+
+
+def test_an_mcp_urls_whole_query_stays_out_of_run_json() -> None:
+    # stricter than redact_url: a server's configuration, keys inside it, rides in the query
+    # under any name (Smithery's config= is base64 JSON)
+    config = "eyJhcGlLZXkiOiJzM2NyZXQifQ"
+    for spec in (
+        f"https://server.smithery.ai/exa/mcp?config={config}&profile=p",
+        "https://tools.example/mcp?exaApiKey=s3cret",
+        "https://tools.example/mcp?k=s3cret#x",
+    ):
+        kept = written(spec)
+        assert kept == spec.split("?")[0] + "?***"
+        assert redacted([kept])  # a resumed run asks for the server again
+    assert written("https://me:hunter2@tools.example/mcp") == "https://me:***@tools.example/mcp"
+    assert not redacted([written("https://tools.example/mcp")])
 
 
 async def test_builtin_over_stdio_gives_the_in_process_answers(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import httpx
 
 from .._clock import now_ns
 from ..records import ErrorType, RequestRecord, Status
+from ..telemetry.http import redact_url, redact_urls
 from ..transport import Clock, ConnectionPool, Network, PoolTransport
 from ._events import EventStream, StreamParser, error_message, fail
 
@@ -27,8 +28,15 @@ class ClientConfig:
     read_timeout: float = 300.0
     max_connections: int = 64
 
-    def __repr__(self) -> str:  # never print the key
-        return f"ClientConfig(base_url={self.base_url!r}, endpoint={self.endpoint!r})"
+    def __repr__(self) -> str:  # never print the key, nor a secret in the URL
+        return f"ClientConfig(base_url={redact_url(self.base_url)!r}, endpoint={self.endpoint!r})"
+
+
+def api_url(base_url: str, path: str) -> str:
+    """``path`` (``/models``) under ``base_url``, whose query (``?api-version=…``, a gateway's
+    ``?key=…``) stays at the end, where the server reads it."""
+    base, asked, query = base_url.partition("?")
+    return f"{base.rstrip('/')}{path}{asked}{query}"
 
 
 def _classify(exc: BaseException) -> ErrorType:
@@ -64,8 +72,7 @@ class StreamingClient:
         self.config = config
         self.t0_ns = t0_ns
         self.clock = clock
-        base = config.base_url.rstrip("/")
-        url = f"{base}/chat/completions" if config.endpoint == "chat" else f"{base}/completions"
+        url = api_url(config.base_url, "/chat/completions" if config.endpoint == "chat" else "/completions")
         headers = "content-type: application/json\r\naccept: text/event-stream\r\nuser-agent: ipw-async\r\n"
         if config.api_key:
             headers += f"authorization: Bearer {config.api_key}\r\n"
@@ -133,38 +140,39 @@ class StreamingClient:
 async def list_models(base_url: str, api_key: str | None, timeout: float = 10.0) -> list[str]:
     """The server's models, through the run's own transport (its TLS and proxy rules);
     raises ServerUnreachable with an actionable one-line message."""
+    shown = redact_url(base_url)
     if not base_url.startswith(("http://", "https://")):
-        raise ServerUnreachable(f"invalid --base-url {base_url!r}: expected http(s)://host:port/v1")
+        raise ServerUnreachable(f"invalid --base-url {shown!r}: expected http(s)://host:port/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    url = base_url.rstrip("/") + "/models"
+    url = api_url(base_url, "/models")
     try:
         transport = PoolTransport(ConnectionPool(1, connect_timeout_s=timeout, read_timeout_s=timeout))
         async with httpx.AsyncClient(transport=transport, timeout=timeout) as http:
             response = await http.get(url, headers=headers)
     except httpx.ConnectError:
         raise ServerUnreachable(
-            f"cannot connect to {base_url}: is the server running? "
+            f"cannot connect to {shown}: is the server running? "
             "(omit --base-url to use the built-in simulator)"
         ) from None
     except httpx.TimeoutException:
-        raise ServerUnreachable(f"{base_url} did not answer within {timeout:.0f} s") from None
+        raise ServerUnreachable(f"{shown} did not answer within {timeout:.0f} s") from None
     except httpx.HTTPError as exc:
-        raise ServerUnreachable(f"cannot use {base_url}: {exc}") from None
+        raise ServerUnreachable(f"cannot use {shown}: {redact_urls(str(exc))}") from None
     if response.status_code in (401, 403):
         raise ServerUnreachable(
-            f"{base_url} rejected the API key (HTTP {response.status_code}); set --api-key or OPENAI_API_KEY"
+            f"{shown} rejected the API key (HTTP {response.status_code}); set --api-key or OPENAI_API_KEY"
         )
     if response.status_code == 404:
         raise ServerUnreachable(
-            f"no OpenAI-compatible API at {base_url} (GET /models gave 404); the base URL usually ends in /v1"
+            f"no OpenAI-compatible API at {shown} (GET /models gave 404); the base URL usually ends in /v1"
         )
     if response.status_code >= 400:
         hint = "; it may still be starting, try again shortly" if response.status_code == 503 else ""
         raise ServerUnreachable(
-            f"{base_url} answered GET /models with HTTP {response.status_code}: "
+            f"{shown} answered GET /models with HTTP {response.status_code}: "
             f"{error_message(response.content)}{hint}"
         )
     try:
         return [m["id"] for m in response.json().get("data", [])]
     except (ValueError, KeyError, TypeError, AttributeError):
-        raise ServerUnreachable(f"{base_url}/models did not return an OpenAI model list") from None
+        raise ServerUnreachable(f"{api_url(shown, '/models')} did not return an OpenAI model list") from None

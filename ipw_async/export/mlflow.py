@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ipw_async.export import ExportError
 from ipw_async.rundir import files
 from ipw_async.rundir.manifest import Manifest, RunDirError
-from ipw_async.telemetry.http import redact_url
+from ipw_async.telemetry.http import redact_url, redact_urls
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -58,7 +58,6 @@ TEXT_SUFFIXES = {".json", ".jsonl", ".csv", ".html", ".txt"}
 # key names whose string value is a credential, also after a prefix ("hf_token", "x-api-key")
 _SECRET_NAMES = ("api_key", "api-key", "apikey", "token", "secret", "password", "passwd", "authorization")
 _SECRET_KEY = re.compile(rf"(?i)^(?:.*[_-])?(?:{'|'.join(map(re.escape, _SECRET_NAMES))})$")
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
 _JSON_PAIR = re.compile(r'"((?:[^"\\]|\\.)*)"(\s*:\s*)"((?:[^"\\]|\\.)*)"')
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_\-. ]")  # MLflow also allows "/", which names files
 
@@ -136,14 +135,14 @@ def _client(tracking_uri: str | None) -> tuple[MlflowClient, str]:
     try:
         client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     except (MlflowException, ImportError) as exc:  # a store scheme whose packages are missing
-        uri = _redact(tracking_uri or mlflow.get_tracking_uri())
+        uri = redact_url(tracking_uri or mlflow.get_tracking_uri())
         if "MLFLOW_ALLOW_FILE_STORE" in str(exc):
             raise ExportError(
                 f"MLflow refuses its file store at {uri} unless MLFLOW_ALLOW_FILE_STORE=true is set: "
                 "set it, or give a tracking server or database URI"
             ) from None
         raise ExportError(f"MLflow cannot open the tracking store at {uri}: {_brief(str(exc))}") from None
-    return client, _redact(client.tracking_uri)
+    return client, redact_url(client.tracking_uri)
 
 
 @contextlib.contextmanager
@@ -553,22 +552,15 @@ def _text(key: str, value: Any) -> str:
 
 
 def _scrub(text: str) -> str:
-    """``text`` with each URL's password, and each JSON value under a credential's name, ``***``."""
-    # each pattern costs about a second per 50 MB of traces, which rarely hold either: a URL's
-    # password needs an "@", a credential's value a key ending in its name
-    if "://" in text and "@" in text:
-        text = _URL.sub(lambda m: _redact(m.group()), text)
+    """``text`` with each URL's secrets (:func:`redact_url`), and each JSON value under a
+    credential's name, ``***``."""
+    # each pattern costs about a second per 50 MB of traces, which rarely hold either: a URL
+    # needs a "://", a credential's value a key ending in its name
+    text = redact_urls(text)
     lower = text.lower()
     if any(f'{name}"' in lower for name in _SECRET_NAMES):
         text = _JSON_PAIR.sub(_redact_pair, text)
     return text
-
-
-def _redact(url: str) -> str:
-    try:
-        return redact_url(url)
-    except ValueError:  # unparseable (a stray bracket): keep nothing past the scheme
-        return url.split("://", 1)[0] + "://***"
 
 
 def _redact_pair(match: re.Match[str]) -> str:

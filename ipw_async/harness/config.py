@@ -574,7 +574,8 @@ class RunConfig:
         return parse_price(self.price)
 
     def public(self) -> dict[str, Any]:
-        """The config as written to run.json and summary.json: never the API key."""
+        """The config as written to run.json and summary.json: never the API key, nor a secret
+        in a URL (:func:`redact_url`) or in an MCP server's command or URL (:func:`written`)."""
         out = dataclasses.asdict(self)
         out.pop("api_key")
         out["api_key_set"] = self.api_key is not None

@@ -16,7 +16,7 @@ from ..client import ClientConfig, list_models
 from ..errors import RunError
 from ..sim import SimConfig, SimulatorProcess
 from ..telemetry import RemoteAccess, TelemetrySetup, open_sources
-from ..telemetry.http import AGENT_TOKEN_ENV, read_token, redact_url
+from ..telemetry.http import AGENT_TOKEN_ENV, carries_credentials, in_clear, read_token, redact_url
 from .config import RunConfig
 
 
@@ -36,12 +36,13 @@ async def simulator(config: SimConfig) -> AsyncIterator[SimulatorProcess]:
 async def serving_model(config: RunConfig, base_url: str) -> str:
     """The model the run asks for, checked against what the server lists."""
     models = await list_models(base_url, config.api_key, timeout=config.connect_timeout)
+    shown = redact_url(base_url)
     if config.model is None:
         if not models:
-            raise RunError(f"{base_url} serves no models; name one with --model")
+            raise RunError(f"{shown} serves no models; name one with --model")
         return models[0]
     if models and config.model not in models:
-        raise RunError(f"model {config.model!r} is not served at {base_url}; available: {', '.join(models)}")
+        raise RunError(f"model {config.model!r} is not served at {shown}; available: {', '.join(models)}")
     return config.model
 
 
@@ -79,10 +80,40 @@ async def open_telemetry(
         note(f"telemetry {name} skipped: {reason}")
     if sim is None and telemetry.opened and not asked and not is_local(base_url):
         note(
-            f"telemetry measures this machine; the server at {base_url} may be elsewhere "
+            f"telemetry measures this machine; the server at {redact_url(base_url)} may be elsewhere "
             "(run `ipw-async agent` there and give --telemetry-url)"
         )
+    if warning := in_clear_warning(config, base_url, access):
+        note(warning)
     return telemetry
+
+
+_WARNED_IN_CLEAR: set[str] = set()  # what was said already: a sweep's runs say it once
+
+
+def in_clear_warning(config: RunConfig, base_url: str, access: RemoteAccess) -> str | None:
+    """One line naming each credential of the run that crosses a network unencrypted (plain
+    http to a host that is not this machine) and was not named before in this process; None
+    when there is none."""
+    sent = [
+        (base_url, config.api_key, "the API key"),
+        *((url, access.agent_token, "the agent token") for url in config.telemetry_url),
+        *((url, access.scrape_token, "the metrics token") for url in config.prometheus_url),
+    ]
+    said = []
+    for url, token, what in sent:
+        if not in_clear(url) or not (token or carries_credentials(url)):
+            continue
+        line = f"{what if token else 'the credentials in the URL'} to {redact_url(url)}"
+        if line not in _WARNED_IN_CLEAR:
+            _WARNED_IN_CLEAR.add(line)
+            said.append(line)
+    if not said:
+        return None
+    return (
+        f"sent unencrypted over plain http: {'; '.join(said)} "
+        "(anyone on the network between can read them; https keeps them private)"
+    )
 
 
 def remote_access(config: RunConfig) -> RemoteAccess:

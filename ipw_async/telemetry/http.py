@@ -3,18 +3,21 @@
 Sources are read from threads with no event loop (the sampler's, an agent's stream reader), and
 a connection per read would cost more than the read, so this is ``http.client`` with a kept-alive
 connection per thread. Credentials (a bearer token, a URL's user and password) ride in the
-headers and never in a URL, a label or a message.
+headers; a query the user gave is sent as given. None is ever shown: a label is ``host:port``,
+and a URL in a file, a log line, a message or an export is :func:`redact_url`'s.
 """
 
 from __future__ import annotations
 
 import base64
 import http.client
+import ipaddress
+import re
 import ssl
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 from .base import SourceUnavailable
 
@@ -38,6 +41,7 @@ class Endpoint:
     host: str
     port: int
     path: str
+    query: str = field(default="", repr=False)  # sent as given, shown redacted
     headers: dict[str, str] = field(default_factory=dict, repr=False)  # Authorization: never shown
     tls: ssl.SSLContext | None = field(default=None, repr=False)
 
@@ -48,9 +52,14 @@ class Endpoint:
         return f"{host}:{self.port}"
 
     @property
+    def target(self) -> str:
+        """What a GET asks for: the path and the query given with it."""
+        return f"{self.path}?{self.query}" if self.query else self.path
+
+    @property
     def url(self) -> str:
         """The URL as shown to a user and written to files: no credentials."""
-        return f"{self.scheme}://{self.label}{self.path}"
+        return redact_url(f"{self.scheme}://{self.label}{self.target}")
 
     def connection(self, timeout: float) -> http.client.HTTPConnection:
         if self.tls is not None:
@@ -58,15 +67,103 @@ class Endpoint:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
 
+REDACTED = "***"  # what a secret in a URL is written as
+
+# Query parameters that carry a secret, by the words of their name (``X-Amz-Signature`` is x,
+# amz, signature; ``apiKey`` api, key): whole words, so ``author`` or ``keyword`` stay readable,
+# and the words that end in one of the endings (``sslpassword``, ``refreshtoken``), which end
+# no harmless word as "key" ends ``monkey``.
+_CREDENTIAL_WORDS = frozenset(
+    {
+        "key", "sig", "auth", "oauth", "authorization", "pass", "pwd", "passphrase", "session",
+        "jwt", "bearer", "accesskey", "authkey", "privatekey", "secretkey", "sessionid", "sessionkey",
+    }
+)  # fmt: skip
+_CREDENTIAL_ENDINGS = (
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "signature",
+    "credential",
+    "credentials",
+    "apikey",
+)
+_NAME_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+
+
+def is_credential_name(name: str) -> bool:
+    """Whether a query parameter called ``name`` carries a secret (``token``, ``api-key``,
+    ``X-Amz-Signature``, ``sig``: see the words above), case-insensitively."""
+    words = [word.lower() for word in _NAME_WORD.findall(unquote_plus(name))]
+    return any(word in _CREDENTIAL_WORDS or word.endswith(_CREDENTIAL_ENDINGS) for word in words)
+
+
+def _redact_params(params: str) -> str:
+    """``a=1&token=x`` as ``a=1&token=***``: each credential's value hidden, the rest as given."""
+    out = []
+    for pair in params.split("&"):
+        name, sep, value = pair.partition("=")
+        out.append(f"{name}={REDACTED}" if sep and value and is_credential_name(name) else pair)
+    return "&".join(out)
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``: for run.json and messages. A user name
-    alone goes too: services that take a token put it there (``https://TOKEN@host``)."""
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.username is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = "***" if parts.password is None else f"{parts.username}:***"
-    return parts._replace(netloc=f"{user}@{netloc}").geturl()
+    """``url`` as written to files, logs, messages and exports: the user and password, and the
+    values of the query parameters named as credentials (:func:`is_credential_name`), each
+    ``***``; the host, port, path and other parameters as given. A user name alone goes too:
+    services that take a token put it there (``https://TOKEN@host``). A fragment shaped like a
+    query (``#access_token=…``) is treated as one. Split by hand rather than by ``urlsplit``,
+    which refuses some malformed URLs (a stray ``[``): a message about a bad URL must still
+    hide its secrets."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    rest, hashed, fragment = rest.partition("#")
+    rest, asked, query = rest.partition("?")
+    netloc, slash, path = rest.partition("/")
+    userinfo, at, hostport = netloc.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        netloc = f"{user}:{REDACTED}@{hostport}" if colon else f"{REDACTED}@{hostport}"
+    if asked:
+        query = _redact_params(query)
+    if hashed and "=" in fragment:
+        fragment = _redact_params(fragment)
+    return f"{scheme}{sep}{netloc}{slash}{path}{asked}{query}{hashed}{fragment}"
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` (a message, a log line) with each URL in it as :func:`redact_url` writes it."""
+    return _URL.sub(lambda m: redact_url(m.group()), text) if "://" in text else text
+
+
+def carries_credentials(url: str) -> bool:
+    """Whether ``url`` itself holds a secret by :func:`redact_url`'s rule."""
+    return redact_url(url) != url
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine's loopback (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def in_clear(url: str) -> bool:
+    """Whether what is sent to ``url`` crosses a network unencrypted: plain http (the default
+    where no scheme is given) to a host other than this machine's loopback."""
+    try:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+    except ValueError:  # malformed: nothing is sent to it
+        return False
+    return parts.scheme == "http" and not is_loopback(parts.hostname or "")
 
 
 def endpoint(
@@ -81,7 +178,12 @@ def endpoint(
     """``url`` (a scheme is optional) as an :class:`Endpoint`; SourceUnavailable unless it is
     http(s) with a host. A user and password in the URL become basic auth; ``token`` a bearer
     header; ``ca_file`` the CA an https endpoint's certificate is verified by."""
-    parts = urlsplit(url if "://" in url else f"http://{url}")
+    try:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+    except ValueError as exc:  # a stray bracket
+        raise SourceUnavailable(
+            f"{redact_url(url)!r} is not {what} ({exc}); give one like {example}"
+        ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise SourceUnavailable(f"{redact_url(url)!r} is not {what}; give one like {example}")
     try:
@@ -100,7 +202,7 @@ def endpoint(
             tls = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
         except (OSError, ssl.SSLError) as exc:
             raise SourceUnavailable(f"cannot use {ca_file} as a CA certificate ({exc})") from None
-    return Endpoint(parts.scheme, parts.hostname, port, parts.path or default_path, headers, tls)
+    return Endpoint(parts.scheme, parts.hostname, port, parts.path or default_path, parts.query, headers, tls)
 
 
 def read_token(path: Path) -> str:

@@ -82,13 +82,13 @@ class PrometheusSource(CountedSource):
         self.url = where.url
         self.label = where.label
         self.name = f"prometheus@{where.label}"
-        self._path = where.path
+        self._target = where.target
         self._http = KeptAlive(where, timeout)
         self._columns: list[str] = []
         self.counters: dict[str, CounterTracker] = {}
 
     def _scrape(self) -> str:
-        return self._http.get(self._path).decode("utf-8", "replace")
+        return self._http.get(self._target).decode("utf-8", "replace")
 
     def _values(self, text: str) -> dict[str, float]:
         values: dict[str, float] = defaultdict(float)

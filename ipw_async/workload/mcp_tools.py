@@ -38,7 +38,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..errors import RunError
-from ..telemetry.http import redact_url
+from ..telemetry.http import REDACTED, redact_url
 from .tools import ToolError, ToolSpec, one_line
 
 if TYPE_CHECKING:
@@ -69,7 +69,11 @@ class McpServer:
     def label(self) -> str:
         """A short name for logs and tasks.jsonl that carries no secret: a URL without its
         password and query; a command's program and what it runs (``python srv.py``,
-        ``python -m pkg`` as ``python pkg``), never an option or its value."""
+        ``python -m pkg`` as ``python pkg``), never an option or its value.
+
+        Stricter than :func:`redact_url`, which keeps the parameters not named as credentials:
+        MCP servers take their whole configuration in the query, API keys inside it under any
+        name (Smithery's ``?config=`` holds base64 JSON), so none of it is kept."""
         if self.spec == BUILTIN:
             return BUILTIN
         if is_url(self.spec):
@@ -88,7 +92,6 @@ class McpServer:
         return "check that the command runs and serves MCP on stdio (run it yourself to see)"
 
 
-REDACTED = "***"
 # an option or environment assignment whose value is a secret: --api-key X, --token=X, API_KEY=X
 _SECRET = re.compile(r"(?i)^(-{0,2}[\w-]*(?:token|key|secret|password|passwd|auth)[\w-]*)(=.*)?$")
 
