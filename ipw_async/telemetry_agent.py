@@ -10,15 +10,18 @@ clock from round trips to ``/clock``.
 Endpoints: ``/clock`` (the agent's clock, now), ``/info`` (host and sources), ``/read?source=N``
 (one read of a source; ``&counters=1`` reads only its energy counters) and
 ``/stream?period_ms=P&probe_s=S`` (every source each P ms, one JSON line per source read, until
-the client goes). Given a token, every endpoint wants it as a bearer header; streams are bounded
-in period and in number, so no client can make the agent read its GPUs without pause.
+the client goes). Given a token, every endpoint wants it as a bearer header. No client can make
+the agent read its GPUs without pause: streams are bounded in period and in number, and a source
+is read for ``/read`` at most every 20 ms (``READ_INTERVAL_S``), whoever asks and however many
+connections they open; a ``/read`` within that time of the last is answered with that same
+reading, its stamp saying when it was taken. A sampler asking at the run's default cadence
+(``--sample-ms 50``) gets a fresh reading each time; a faster one wants ``/stream``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import json
 import socket
 import ssl
@@ -33,21 +36,16 @@ from ._child import ChildServer
 from ._clock import now_ns
 from .telemetry import OpenSource, Sampler, TelemetrySetup
 from .telemetry.base import Reading, SourceInfo, TelemetrySource, read_time, time_column, timed_read
+from .telemetry.http import is_loopback
 
 READY_PREFIX = "IPW_ASYNC_AGENT_READY"
 MIN_STREAM_PERIOD_MS = 5.0  # a faster stream would keep the GPU's driver busy answering us
 MAX_PROBE_S = 10.0
 MAX_STREAMS = 4
 STREAM_BACKLOG = 256  # rows a slow client may fall behind by before rows are dropped
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+# /read reads a source (and mode) at most this often: an NVML read takes about 3 ms under the
+# source's lock, which the streams' samplers wait on too
+READ_INTERVAL_S = 0.02
 
 
 class _Serialised(TelemetrySource):
@@ -95,6 +93,9 @@ class AgentServer:
         self.shift_ns = shift_ns
         self.max_streams = max_streams
         self.streams = 0
+        # per (source, counters only): when /read last read it, and that read (shared by the
+        # requests that come within READ_INTERVAL_S of it, in flight or done)
+        self._recent: dict[tuple[str, bool], tuple[int, asyncio.Future[dict[str, Any]]]] = {}
         self._expected = f"Bearer {token}".encode() if token else None
         self.app = web.Application(middlewares=[self._auth])
         self.app.router.add_get("/clock", self._clock)
@@ -155,7 +156,13 @@ class AgentServer:
         name = request.query.get("source", "")
         if name not in self.sources:
             raise web.HTTPNotFound(text=f"no source {name!r}; this agent has {', '.join(self.sources)}")
-        return web.json_response(await self._reading(name, request.query.get("counters") == "1"))
+        key = (name, request.query.get("counters") == "1")
+        now = now_ns()
+        last = self._recent.get(key)
+        if last is None or now - last[0] >= READ_INTERVAL_S * 1e9:
+            last = self._recent[key] = (now, asyncio.ensure_future(self._reading(*key)))
+        # shielded: a client that goes does not cancel the read the others wait on
+        return web.json_response(await asyncio.shield(last[1]))
 
     def _query_number(
         self, request: web.Request, name: str, default: float, low: float, high: float
@@ -262,6 +269,12 @@ async def serve_agent(
     print(f"{READY_PREFIX} {host} {bound}", flush=True)
     scheme = "https" if tls else "http"
     print(f"ipw-async agent listening on {scheme}://{host}:{bound}", file=sys.stderr, flush=True)
+    if token and tls is None and not is_loopback(host):
+        print(
+            "the token travels unencrypted over plain http: give --tls-cert and --tls-key to serve https",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         await asyncio.Event().wait()
     finally:

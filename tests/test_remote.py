@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,7 @@ import numpy as np
 import polars as pl
 import pytest
 import trustme
+from aiohttp import web
 from typer.testing import CliRunner
 
 from ipw_async import finalize, run_benchmark
@@ -23,10 +25,12 @@ from ipw_async.cli import app
 from ipw_async.clock_sync import ClockSync
 from ipw_async.errors import RunError
 from ipw_async.sim import SimulatorProcess
+from ipw_async.telemetry import OpenSource
 from ipw_async.telemetry.prometheus import PrometheusSource, parse
-from ipw_async.telemetry_agent import AgentProcess
+from ipw_async.telemetry_agent import READ_INTERVAL_S, AgentProcess, AgentServer
 
 from .conftest import quick_config
+from .test_sources import FakeGpu, nvml_source
 
 # agents' clock offsets, round trips and gaps are measured here: no other test beside them
 pytestmark = pytest.mark.timing
@@ -374,3 +378,81 @@ DCGM_FI_DEV_CLOCKS_EVENT_REASONS{gpu="0"} 4
         "gpu0@mi300-host:5000.sm_clock_mhz": 1980.0,
         "gpu0@mi300-host:5000.throttle_reasons": 4.0,
     }
+
+
+async def test_an_agent_reads_a_source_for_read_at_most_every_interval() -> None:
+    source, fake = nvml_source(FakeGpu("GPU-aaa"))
+    info = source.open()
+    energy = fake.nvmlDeviceGetTotalEnergyConsumption
+    reads = 0
+
+    def counted(handle: FakeGpu) -> int:
+        nonlocal reads
+        reads += 1
+        return energy(handle)
+
+    fake.nvmlDeviceGetTotalEnergyConsumption = counted  # type: ignore[method-assign]
+    runner = web.AppRunner(AgentServer([OpenSource(source, info)]).app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        limits = httpx.Limits(max_connections=50)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=10) as http:
+            # an abusive caller: 200 reads as fast as 50 connections can ask
+            start = asyncio.get_running_loop().time()
+            burst = await asyncio.gather(*(http.get("/read", params={"source": "nvml"}) for _ in range(200)))
+            elapsed = asyncio.get_running_loop().time() - start
+            burst_reads = reads
+            # a sampler at the run's default cadence (50 ms) gets a fresh reading every time
+            paced = []
+            for _ in range(5):
+                await asyncio.sleep(0.05)
+                paced.append((await http.get("/read", params={"source": "nvml"})).json())
+            counters = (await http.get("/read", params={"source": "nvml", "counters": "1"})).json()
+    finally:
+        await runner.cleanup()
+    assert all(r.status_code == 200 for r in burst)
+    stamps = {r.json()["t_ns"] for r in burst}
+    # one read per interval at most, whatever the callers; the others got the newest reading
+    assert burst_reads == len(stamps) <= elapsed / READ_INTERVAL_S + 1
+    assert burst_reads < len(burst)
+    assert len({r["t_ns"] for r in paced}) == 5
+    assert set(counters["values"]) == {"gpu0.energy_j"}  # its own reading, not the full one's
+
+
+def test_an_agent_with_a_token_on_plain_http_beyond_loopback_says_it_travels_unencrypted(
+    tmp_path: Path,
+) -> None:
+    token_file = tmp_path / "agent.token"
+    token_file.write_text(TOKEN)
+    command = [sys.executable, "-m", "ipw_async", "agent", "--host", "0.0.0.0", "--port", "0"]
+    proc = subprocess.Popen(
+        [*command, "--telemetry", "psutil", "--token-file", str(token_file)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
+
+    def read() -> None:  # its start-up lines, up to the warning
+        assert proc.stderr is not None
+        while line := proc.stderr.readline():
+            lines.append(line.strip())
+            if "plain http" in line:
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        reader.join(timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert (
+        lines[-1]
+        == "the token travels unencrypted over plain http: give --tls-cert and --tls-key to serve https"
+    )
+    assert TOKEN not in "\n".join(lines)
