@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from ipw_async import Query, WorkUnit, run_benchmark
 from ipw_async.sim import SimulatorProcess
 from ipw_async.workload import Requests
+from ipw_async.workload.tools import Toolbox
 
 from .conftest import quick_config
 
@@ -52,3 +56,29 @@ async def test_a_custom_workload_runs_through_the_seam(tmp_path: Path, sim: Simu
         assert sorted(prompts) == sorted([question, f"{question} Are you sure?"])
     assert (records.get_column("status") == "ok").all()
     assert result.summary["dataset"] == "ask-twice" and result.summary["requests"]["measured"] == 10
+
+
+@pytest.mark.parametrize(
+    ("expression", "output"),
+    [
+        ("9**9**9**9", "error: result too large (more than 100 digits)"),
+        ("((((9**64)**64)**64)**64)**64", "error: result too large (more than 100 digits)"),
+        ("(10**60) * (10**60)", "error: result too large (more than 100 digits)"),
+        ("(-8) ** (1/3)", "error: the result is not a real number"),
+        ("1e308 * 10", "error: result too large"),
+        ("-" * 100_000 + "1", "error: expression too deeply nested"),
+        ("2**100", "1267650600228229401496703205376"),
+        ("(17 * 23) + 41", "432"),
+        ("7 / 2", "3.5"),
+        ("2 ** -2", "0.25"),
+        ("(-1) ** (10**99)", "1"),
+    ],
+)
+async def test_the_calculator_bounds_its_numbers_and_says_so_as_its_result(
+    expression: str, output: str
+) -> None:
+    start = time.perf_counter()
+    result = await Toolbox().call("calculator", expression, random.Random(0), t0_ns=0, json_arguments=False)
+    assert result.output == output
+    assert result.ok is not output.startswith("error:")
+    assert time.perf_counter() - start < 1.0  # refused before the number was built

@@ -30,6 +30,25 @@ class ToolError(Exception):
     """A tool could not do what it was asked; the message is what the model is told."""
 
 
+# Whole numbers are exact, so their size has no end but memory: nested powers such as
+# ((9**64)**64)**64 reach gigabytes in a few levels. A whole number of more digits than this is
+# refused, a power before it is computed; the other operations on numbers this size are cheap.
+MAX_DIGITS = 100
+_MAX_INT = 10**MAX_DIGITS
+TOO_LARGE = f"result too large (more than {MAX_DIGITS} digits)"
+
+
+def _power(base: float, exponent: float) -> float:
+    if (
+        isinstance(base, int)
+        and isinstance(exponent, int)
+        and abs(base) > 1
+        and exponent * math.log10(abs(base)) > MAX_DIGITS
+    ):
+        raise ToolError(TOO_LARGE)
+    return operator.pow(base, exponent)
+
+
 _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -37,22 +56,27 @@ _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv,
     ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
+    ast.Pow: _power,
 }
 _UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 
 def _evaluate(node: ast.AST) -> float:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _evaluate(node.left), _evaluate(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > 64:
-            raise ToolError("exponent too large")
-        return _BINARY[type(node.op)](left, right)
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_evaluate(node.operand))
-    raise ToolError("only numbers, + - * / // % ** and parentheses are allowed")
+        value = node.value
+    elif isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        value = _BINARY[type(node.op)](_evaluate(node.left), _evaluate(node.right))
+    elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        value = _UNARY[type(node.op)](_evaluate(node.operand))
+    else:
+        raise ToolError("only numbers, + - * / // % ** and parentheses are allowed")
+    if isinstance(value, complex):  # (-8) ** (1/3)
+        raise ToolError("the result is not a real number")
+    if isinstance(value, int) and abs(value) >= _MAX_INT:
+        raise ToolError(TOO_LARGE)
+    if isinstance(value, float) and not math.isfinite(value):  # 1e308 * 10
+        raise ToolError("result too large")
+    return value
 
 
 def format_number(value: float) -> str:
@@ -71,12 +95,16 @@ def calculator(expression: str) -> str:
         tree = ast.parse(text, mode="eval")
     except SyntaxError:
         raise ToolError(f"cannot parse {expression!r} as arithmetic") from None
+    except (MemoryError, RecursionError):  # the parser's own limit on nesting
+        raise ToolError("expression too deeply nested") from None
     try:
         return format_number(_evaluate(tree.body))
     except ZeroDivisionError:
         raise ToolError("division by zero") from None
     except OverflowError:
         raise ToolError("result too large") from None
+    except RecursionError:
+        raise ToolError("expression too deeply nested") from None
 
 
 def _facts() -> dict[str, str]:
