@@ -4,6 +4,9 @@
 
 and point the agent at ``http://127.0.0.1:8800/v1``. Ctrl-C (or ``--duration``) ends the run
 and finishes its directory: per-call and per-task energy, traces and ``analyze`` as for any run.
+
+Beyond loopback the proxy wants a token, which its callers send as their API key: the upstream
+(and ``--api-key``, the operator's key for it) is the operator's, not whoever reaches the port.
 """
 
 from __future__ import annotations
@@ -11,11 +14,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
+from ..errors import RunError
 from ..harness import RunConfig, run_benchmark
 from ..harness.live import Display
 from ..results import RunResult
+from ..state import RunState
+from ..telemetry_agent import is_loopback
 from ..workload import Requests, WorkUnit
-from .server import TASK_HEADER, RecordingProxy
+from .server import MAX_BODY, MAX_OPEN_TASKS, MAX_TASK_NAME, TASK_HEADER, RecordingProxy
+
+MAKE_TOKEN = "umask 077; python -c 'import secrets; print(secrets.token_urlsafe(32))' > proxy.token"
 
 
 class ProxyCalls:
@@ -34,6 +42,46 @@ class ProxyCalls:
         raise RuntimeError("a proxy run's calls come from its callers, not from units")
 
 
+class _ProxyView:
+    """A run's display, shown the proxy's load: the calls its callers have in flight. The run
+    gives the display a pool-sized target (the connections the proxy may open upstream), which
+    no one set out to reach."""
+
+    def __init__(self, display: Display, label: str) -> None:
+        self.display = display
+        self.label = label
+
+    async def run(self, state: RunState) -> None:
+        state.label, state.target_in_flight = self.label, None
+        await self.display.run(state)
+
+    def finish(self, result: RunResult) -> None:
+        self.display.finish(result)
+
+    def note(self, message: str) -> None:
+        self.display.note(message)
+
+
+def check_exposure(host: str, token: str | None, insecure: bool, api_key: str | None) -> None:
+    """RunError unless serving ``host`` is safe: beyond loopback a token is wanted, or
+    ``insecure`` and no ``api_key`` (that key would be anyone's who reaches the port)."""
+    if token is not None or is_loopback(host):
+        return
+    if not insecure:
+        raise RunError(
+            f"refusing to serve {host} without a token: anyone who reaches it would use the "
+            f"upstream through this proxy; make one with `{MAKE_TOKEN}`, give --token-file "
+            "proxy.token and have the callers send it as their API key (or --host 127.0.0.1, or "
+            "--insecure on a network you trust)"
+        )
+    if api_key:
+        raise RunError(
+            f"refusing to serve {host} with an API key (--api-key or OPENAI_API_KEY) and "
+            "--insecure: anyone who reaches it would call the upstream with your key; give "
+            "--token-file instead of --insecure"
+        )
+
+
 async def run_proxy(
     config: RunConfig,
     display: Display | None = None,
@@ -43,15 +91,32 @@ async def run_proxy(
     max_connections: int = 256,
     ready: Callable[[str], None] | None = None,
     stream_usage: bool = True,
+    token: str | None = None,
+    insecure: bool = False,
 ) -> RunResult:
     """Serve the recording proxy in front of ``config.base_url`` (the built-in simulator when
     None) until ``config.duration`` or Ctrl-C, then finish the run directory; ``ready`` hears
     the proxy's base URL once it listens (after the idle baseline). ``stream_usage``: streamed
     calls that do not say otherwise ask the upstream for their token counts, so their energy
-    is split by tokens as a run's own are (the usage event is kept from their callers)."""
+    is split by tokens as a run's own are (the usage event is kept from their callers).
+    ``token``: what callers must send as ``Authorization: Bearer``; needed beyond loopback
+    unless ``insecure`` (:func:`check_exposure` says why not, as a RunError, before anything
+    starts)."""
+    check_exposure(host, token, insecure, config.api_key)
     # the pool to the upstream is the run's "concurrency"; nothing is warmed up or scheduled
     config = dataclasses.replace(config, concurrency=max_connections, rate=None, warmup=0, workers="1")
-    return await run_benchmark(config, display, ProxyCalls(), RecordingProxy(host, port, ready, stream_usage))
+    source = RecordingProxy(host, port, ready, stream_usage, token)
+    view = None if display is None else _ProxyView(display, source.label)
+    return await run_benchmark(config, view, ProxyCalls(), source)
 
 
-__all__ = ["TASK_HEADER", "ProxyCalls", "RecordingProxy", "run_proxy"]
+__all__ = [
+    "MAX_BODY",
+    "MAX_OPEN_TASKS",
+    "MAX_TASK_NAME",
+    "TASK_HEADER",
+    "ProxyCalls",
+    "RecordingProxy",
+    "check_exposure",
+    "run_proxy",
+]

@@ -102,12 +102,15 @@ Write = Callable[[bytes], Awaitable[None]]  # raises CallerGone
 
 
 class Relay:
-    """Forwards calls to the upstream server at ``config.base_url`` through one connection pool."""
+    """Forwards calls to the upstream server at ``config.base_url`` through one connection pool.
+    A caller's ``Authorization`` goes upstream only with ``forward_authorization`` (false where it
+    carries the proxy's own token) and no ``config.api_key``, which replaces it."""
 
-    def __init__(self, config: ClientConfig, t0_ns: int) -> None:
+    def __init__(self, config: ClientConfig, t0_ns: int, forward_authorization: bool = True) -> None:
         self.base = config.base_url.rstrip("/")
         self.t0_ns = t0_ns
         self.authorization = f"Bearer {config.api_key}".encode() if config.api_key else None
+        self.forward_authorization = forward_authorization and self.authorization is None
         self.pool = ConnectionPool(
             config.max_connections,
             connect_timeout_s=config.connect_timeout,
@@ -123,8 +126,8 @@ class Relay:
             key = name.lower()
             if key in _HOP or key == b"accept-encoding" or key.startswith(b"x-ipw-"):
                 continue
-            if key == b"authorization" and self.authorization is not None:
-                continue  # --api-key: the proxy's own key replaces the caller's
+            if key == b"authorization" and not self.forward_authorization:
+                continue
             lines.append(b"%s: %s\r\n" % (name, value))
         if self.authorization is not None:
             lines.append(b"authorization: %s\r\n" % self.authorization)

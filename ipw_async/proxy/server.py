@@ -4,17 +4,22 @@ Every ``POST /v1/chat/completions`` and ``/v1/completions`` is forwarded to the 
 server and its response streamed back unchanged, while the call is kept as a record of the run.
 A call that carries ``x-ipw-task: NAME`` is a turn of task NAME; the task ends at
 ``POST /ipw/tasks/NAME/end`` (optionally with its answer and reference) or when the proxy
-stops. Any other ``/v1/…`` request (``/v1/models``) is forwarded without being recorded.
+stops. ``GET /v1/models`` and ``/v1/models/ID`` are forwarded without being recorded; nothing
+else is forwarded, so the proxy relays only what it measures. Given a token, every request must
+carry it as a bearer header, and one that does not is answered 401 before anything is read,
+forwarded or recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -31,8 +36,16 @@ from .call import Call, read_call
 from .relay import CallerGone, Relay
 
 TASK_HEADER = "x-ipw-task"
-RECORDED = frozenset({"chat/completions", "completions"})
-_MAX_BODY = 256 * 1024 * 1024  # agent histories grow; the upstream decides what is too long
+RECORDED = ("chat/completions", "completions")  # under /v1, POST
+# a long agent history is a few MB; the bound is what keeps a caller from filling our memory
+MAX_BODY = 32 * 1024 * 1024
+MAX_TASK_NAME = 200  # characters
+MAX_OPEN_TASKS = 10_000  # each open task holds its turns until it ends
+SERVED = (
+    "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/ID "
+    "and POST /ipw/tasks/NAME/end"
+)
+_PATH_SAFE = ":@!$&'()*+,;="  # a path segment's characters (RFC 3986), as sent
 
 
 @dataclass
@@ -44,7 +57,10 @@ class _Task:
 class RecordingProxy:
     """Serves on ``host:port`` while the run measures (a :class:`~ipw_async.harness.live.CallSource`);
     ``ready`` hears the proxy's base URL once it listens. With ``stream_usage``, a streamed call
-    that does not say whether it wants usage asks the upstream for it (see :mod:`.call`)."""
+    that does not say whether it wants usage asks the upstream for it (see :mod:`.call`). With a
+    ``token`` every request must send ``Authorization: Bearer TOKEN``, which is never forwarded;
+    without one it serves whoever reaches ``host:port`` (:func:`~ipw_async.proxy.run_proxy`
+    refuses that beyond loopback unless told to)."""
 
     label = "proxy"
 
@@ -54,9 +70,11 @@ class RecordingProxy:
         port: int = 0,
         ready: Callable[[str], None] | None = None,
         stream_usage: bool = True,
+        token: str | None = None,
     ) -> None:
         self.host = host
         self.stream_usage = stream_usage
+        self._token = token.encode() if token else None
         self.port = port
         self.ready = ready
         self.url: str | None = None
@@ -88,10 +106,13 @@ class RecordingProxy:
         self, ledger: RunLedger, upstream: ClientConfig, t0_ns: int, deadline_ns: int | None
     ) -> None:
         self.ledger, self.t0_ns = ledger, t0_ns
-        self.relay = Relay(upstream, t0_ns)
-        app = web.Application(client_max_size=_MAX_BODY)
+        self.relay = Relay(upstream, t0_ns, forward_authorization=self._token is None)
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._auth])
         app.router.add_post("/ipw/tasks/{task}/end", self._end_task)
-        app.router.add_route("*", "/v1/{path:.*}", self._forward)
+        app.router.add_post(f"/v1/{{path:{'|'.join(RECORDED)}}}", self._forward)
+        app.router.add_get("/v1/models", self._models, allow_head=False)
+        app.router.add_get("/v1/models/{model:.+}", self._models, allow_head=False)
+        app.router.add_route("*", "/{path:.*}", self._unserved)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
         await runner.setup()
         try:
@@ -101,7 +122,8 @@ class RecordingProxy:
             port = self._socket.getsockname()[1]
             site = web.SockSite(runner, self._socket, backlog=4096)  # it listens from here on
             await site.start()
-            self.url = f"http://{self.host}:{port}/v1"
+            host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+            self.url = f"http://{host}:{port}/v1"
             if self.ready is not None:
                 self.ready(self.url)
             if deadline_ns is None:
@@ -123,19 +145,51 @@ class RecordingProxy:
             self._finish(name, Outcome.CANCELLED if name in cut else Outcome.COMPLETED)
         await self.relay.aclose()
 
+    @web.middleware
+    async def _auth(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if self._token is not None:
+            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode("utf-8", "surrogateescape"), self._token
+            ):
+                return _error(
+                    401,
+                    "this proxy wants its token: send Authorization: Bearer TOKEN (an OpenAI "
+                    "client's api_key), TOKEN being the content of the proxy's --token-file",
+                    {"WWW-Authenticate": 'Bearer realm="ipw-async proxy"'},
+                )
+        return await handler(request)
+
+    async def _unserved(self, request: web.Request) -> web.Response:
+        return _error(404, f"{request.method} {request.path[:100]} is not served here: this proxy serves {SERVED}")
+
     # a recorded call
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         arrived = now_ns()
+        task_name = request.headers.get(TASK_HEADER)
+        if task_name and len(task_name) > MAX_TASK_NAME:
+            return _error(
+                400, f"the {TASK_HEADER} name is {len(task_name):,} characters long; at most {MAX_TASK_NAME}"
+            )
+        body = await _body(request)
+        if isinstance(body, web.Response):
+            return body
+        # after the body is in, with no wait until the task is open: the bound holds exactly
+        if task_name and task_name not in self._tasks and len(self._tasks) >= MAX_OPEN_TASKS:
+            return _error(
+                429,
+                f"{MAX_OPEN_TASKS:,} tasks are open, the most this proxy keeps: end some "
+                "(POST /ipw/tasks/NAME/end) before opening another",
+            )
         path = request.match_info["path"]
-        body = await request.read()
         headers = list(request.raw_headers)  # as they came: no decoding, any bytes
-        if request.method != "POST" or path not in RECORDED:
-            return await self._pass(request.method, _with_query(path, request), headers, body)
         call = read_call(body, self.stream_usage)
         handler = asyncio.current_task()
         assert handler is not None
         self._handlers.add(handler)
-        record, task = self._record(request.headers.get(TASK_HEADER), arrived)
+        record, task = self._record(task_name, arrived)
         self.ledger.started()
         try:
             return await self._relay(request, record, _with_query(path, request), headers, call)
@@ -259,19 +313,39 @@ class RecordingProxy:
         self._finish(name, Outcome.ANSWERED if answer is not None else Outcome.COMPLETED, answer, correct)
         return web.json_response({"task": name, "turns": turns, "correct": correct})
 
-    async def _pass(
-        self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes
-    ) -> web.Response:
-        """A call that is not a completion, forwarded and not recorded."""
-        answered = await self.relay.passthrough(method.encode(), path, headers, body)
+    async def _models(self, request: web.Request) -> web.Response:
+        """``GET /v1/models`` or ``/v1/models/ID``, forwarded and not recorded. An ID may hold
+        slashes (``org/model``) but no dot segment, so the path cannot climb out of the
+        upstream's ``/models``."""
+        path = "models"
+        if "model" in request.match_info:
+            segments = request.match_info["model"].split("/")
+            if any(s in ("", ".", "..") for s in segments):
+                return await self._unserved(request)
+            path += "/" + "/".join(quote(s, safe=_PATH_SAFE) for s in segments)
+        headers = list(request.raw_headers)
+        answered = await self.relay.passthrough(b"GET", _with_query(path, request), headers, b"")
         if answered is None:
             return _error(502, f"the upstream server at {redact_url(self.relay.base)} cannot be reached")
         status, kept, data = answered
         return web.Response(body=data, status=status, headers=kept)
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "ipw_proxy_error"}}, status=status)
+async def _body(request: web.Request) -> bytes | web.Response:
+    """The call's body, or the 413 that refuses one over :data:`MAX_BODY` (one that says its
+    length is refused before any of it is read)."""
+    if request.content_length is None or request.content_length <= MAX_BODY:
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            pass
+    return _error(413, f"the body is over the proxy's limit of {MAX_BODY // 2**20} MiB")
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": "ipw_proxy_error"}}, status=status, headers=headers
+    )
 
 
 def _with_query(path: str, request: web.Request) -> str:
