@@ -207,3 +207,15 @@ def test_an_otlp_endpoints_secret_stays_out_of_the_export_error(tmp_path: Path) 
         )
     assert f"http://127.0.0.1:{port}/v1/traces?api-key=***&tenant=t1" in str(caught.value)
     assert "SECRET-OTEL" not in str(caught.value)
+
+
+def test_a_resumed_run_takes_a_redacted_url_from_the_command_or_stops(tmp_path: Path) -> None:
+    from ipw_async.errors import RunError
+    from ipw_async.harness.resume import _own_config
+
+    saved = RunConfig(base_url="http://gpu:8000/v1?api-key=SECRET", max_queries=7).public()
+    assert "SECRET" not in json.dumps(saved, default=str)
+    with pytest.raises(RunError, match="give it again with --base-url"):
+        _own_config(saved, RunConfig(), tmp_path)
+    again = _own_config(saved, RunConfig(base_url="http://gpu:8000/v1?api-key=SECRET"), tmp_path)
+    assert again.base_url == "http://gpu:8000/v1?api-key=SECRET" and again.max_queries == 7

@@ -249,7 +249,7 @@ class _LiveRun:
                 writer,
                 state,
                 self.abort,
-                server=config.base_url or "the simulator",
+                server=redact_url(config.base_url) if config.base_url else "the simulator",
                 abort_after=config.abort_after_connect_errors,
                 first_request_id=0 if resume is None else resume.next_request_id,
                 done_units=frozenset() if resume is None else resume.done_units,

@@ -22,6 +22,7 @@ from ..rundir import files
 from ..rundir.manifest import Manifest, RunDirError, boot_id
 from ..rundir.read import read_records, read_tasks
 from ..sim.process import config_from_json
+from ..telemetry.http import REDACTED
 from ..workload.mcp_tools import redacted
 from .config import RunConfig
 
@@ -107,6 +108,18 @@ def _own_config(saved: dict[str, Any], given: RunConfig, run_dir: Path) -> RunCo
             f"{run_dir} used MCP servers whose secrets run.json does not keep "
             f"({', '.join(values['mcp'])}): give them again with --mcp when resuming"
         )
+    for name in ("base_url", "telemetry_url", "prometheus_url"):
+        # run.json keeps these redacted: the secrets come from this command, or the run stops
+        urls = values.get(name)
+        if not any(REDACTED in u for u in ([urls] if isinstance(urls, str) else urls or [])):
+            continue
+        if getattr(given, name):
+            values[name] = getattr(given, name)
+        else:
+            flag = "--" + name.replace("_", "-")
+            raise RunError(
+                f"{run_dir} used {flag} with a secret run.json does not keep: give it again with {flag} when resuming"
+            )
     sim = config_from_json(json.dumps(saved["sim"])) if "sim" in saved else given.sim
     return RunConfig(
         **values,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import msgspec
 
 from ..client import ClientConfig, EventStream, StreamParser
-from ..client._client import transport_failed
+from ..client._client import api_url, transport_failed
 from ..client._events import Timings, Usage, error_message, fail, read_usage
 from ..records import ErrorType, RequestRecord
 from ..transport import ConnectionPool, Exchange
@@ -107,7 +107,7 @@ class Relay:
     carries the proxy's own token) and no ``config.api_key``, which replaces it."""
 
     def __init__(self, config: ClientConfig, t0_ns: int, forward_authorization: bool = True) -> None:
-        self.base = config.base_url.rstrip("/")
+        self.base = config.base_url
         self.t0_ns = t0_ns
         self.authorization = f"Bearer {config.api_key}".encode() if config.api_key else None
         self.forward_authorization = forward_authorization and self.authorization is None
@@ -119,6 +119,13 @@ class Relay:
 
     async def aclose(self) -> None:
         await self.pool.aclose()
+
+    def _url(self, path: str) -> str:
+        """``path`` (``chat/completions``, ``models?…``) under the upstream's URL, whose own query
+        (a gateway's ``?api-version=…``) stays at the end beside the caller's."""
+        path, asked, query = path.partition("?")
+        url = api_url(self.base, f"/{path}")
+        return f"{url}{'&' if '?' in url else '?'}{query}" if asked else url
 
     def _headers(self, headers: list[tuple[bytes, bytes]], request_id: int) -> bytes:
         lines = []
@@ -140,7 +147,7 @@ class Relay:
     ) -> tuple[Head, Exchange] | None:
         """Send the call; its response head, or None when it failed before one came (the record
         says why)."""
-        route = self.pool.route(f"{self.base}/{path}")
+        route = self.pool.route(self._url(path))
         record.sent_ns = self.pool.clock() - self.t0_ns
         try:
             exchange = await self.pool.request(route, method, self._headers(headers, record.request_id), body)
@@ -213,7 +220,7 @@ class Relay:
     ) -> tuple[int, list[tuple[str, str]], bytes] | None:
         """A request that is not measured (``/models``): its status, headers and body, or None
         when the upstream cannot be reached."""
-        route = self.pool.route(f"{self.base}/{path}")
+        route = self.pool.route(self._url(path))
         try:
             exchange = await self.pool.request(route, method, self._headers(headers, 0), body)
             data = await exchange.read()

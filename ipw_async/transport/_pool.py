@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from .._clock import now_ns
+from ..telemetry.http import redact_url
 from ._connection import Arrivals, Clock, ClosedBeforeResponse, Connection, Exchange
 
 
@@ -102,7 +103,7 @@ def route_for(url: str) -> Route:
     parts = urlsplit(url)
     scheme, host = parts.scheme, parts.hostname
     if scheme not in ("http", "https") or not host:
-        raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
+        raise ValueError(f"expected an http:// or https:// URL, got {redact_url(url)!r}")
     default_port = 443 if scheme == "https" else 80
     port = parts.port or default_port
     authority = _authority(host, port, default_port)
@@ -114,7 +115,7 @@ def route_for(url: str) -> Route:
         return Route(key, (host, port), host if scheme == "https" else None, None, path.encode(), fixed)
     via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     if via.scheme != "http" or not via.hostname:
-        raise ValueError(f"only http:// proxies are supported, the environment names {proxy!r}")
+        raise ValueError(f"only http:// proxies are supported, the environment names {redact_url(proxy)!r}")
     auth = b""
     if via.username:
         secret = base64.b64encode(f"{via.username}:{via.password or ''}".encode()).decode()
