@@ -1,9 +1,14 @@
 """Where the prompts ran: each request's computed prompt placed in the inferred steps' room.
 
-A step that ran longer than its decoding explains had room for prompt tokens. Step times are
-fitted as ``a + b·decoders + c·prefill tokens + e·their positions + d·context read``, and the
-prompts are placed first come, first served in the room that leaves, then the fit is redone
-with that placement until the two agree.
+Engines with chunked prefill (vLLM, SGLang, TGI, the H100 server of the real traces) fill a
+fixed token budget a step, first come, first served. Where one budget, filled so, brings
+nearly every request's first token in the step it came in, that budget is the room: on the
+real H100 runs it is the server's 2,048 tokens, found from first tokens alone, and the
+prompts then lie exactly where the server's step log has them. Otherwise a step that ran
+longer than its decoding explains had room for prompt tokens: step times are fitted as
+``a + b·decoders + c·prefill tokens + e·their positions + d·context read``, and the prompts
+are placed first come, first served in the room that leaves, then the fit is redone with that
+placement until the two agree.
 """
 
 from __future__ import annotations
@@ -28,6 +33,17 @@ REFITS = 8
 LONG_STEP = 0.05
 # A step-time term for prompt positions must cut the squared error of step times by this share
 POSITION_GAIN = 0.05
+# A token budget is the steps' room where filling it first come, first served brings at least
+# this share of the prompts to their first token in the step it came in
+BUDGET_AGREEMENT = 0.9
+# Only a prompt that could have run before its first token's step tells a budget from a
+# larger one: fewer such prompts than this infer none
+BUDGET_EVIDENCE = 10
+# The budgets tried first: eight a doubling from 64 to 131,072 tokens (every power of two among
+# them, as engines' defaults are), then finer between the best one's neighbours
+BUDGETS = 2.0 ** (6 + np.arange(8 * 11 + 1) / 8)
+REFINE = 16
+ZOOMS = 3
 
 
 class StepTimes(Protocol):
@@ -47,12 +63,85 @@ class StepTimes(Protocol):
 @dataclass
 class Placed:
     """The prompts placed: the steps' starts (a cold step's moved to what its work takes), each
-    step's prefill tokens and their positions, the entries, and the step-time model fitted."""
+    step's prefill tokens and their positions, the entries, the step-time model fitted, and
+    how the room was found (:meth:`TokenBudget.as_dict`, or by step time)."""
 
     start: np.ndarray
     prefill: np.ndarray
     entries: Placement
     duration_fit: dict[str, float]
+    by: dict[str, object]
+
+
+@dataclass
+class TokenBudget:
+    """Prompt tokens an engine computes a step (less the step's decode tokens where they share
+    it, as vLLM's ``max_num_batched_tokens``), and the share of first tokens it explains."""
+
+    tokens: float
+    with_decode: bool
+    agreement: float
+
+    def room(self, decode: np.ndarray) -> np.ndarray:
+        return np.maximum(self.tokens - decode, 0.0) if self.with_decode else np.full(decode.size, self.tokens)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "by": "token budget",
+            "budget_tokens": round(self.tokens),
+            "decode_in_budget": self.with_decode,
+            "first_tokens_explained": self.agreement,
+        }
+
+
+def _served_by(room: np.ndarray, first: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """The step each prompt finishes in, filling ``room`` first come, first served from its
+    ``first`` step (prompts in order of arrival). A queue served ``room[k]`` a step has served
+    ``min(S[k-1] + room[k], A[k])`` by step k (A: tokens arrived), that is
+    ``K[k] + min(0, min over j ≤ k of A[j] - K[j])`` with K the room so far: one pass."""
+    arrived = np.cumsum(np.bincount(first, weights=tokens, minlength=room.size))
+    capacity = np.cumsum(room)
+    served = capacity + np.minimum(np.minimum.accumulate(arrived - capacity), 0.0)
+    return np.searchsorted(served, np.cumsum(tokens) - 1e-6, side="left")
+
+
+def infer_budget(
+    decode: np.ndarray, first: np.ndarray, last: np.ndarray, tokens: np.ndarray
+) -> TokenBudget | None:
+    """The token budget (:data:`BUDGETS`, refined) that, filled first come, first served, brings
+    the most prompts (``tokens`` from step ``first``, in order of arrival) to their first token
+    in step ``last``, with or without the decode tokens in it; None where none brings
+    :data:`BUDGET_AGREEMENT` of them (an engine that does not schedule prompts so), or where
+    fewer than :data:`BUDGET_EVIDENCE` prompts waited a step or more."""
+    if int(np.count_nonzero(first < last)) < BUDGET_EVIDENCE:
+        return None
+
+    def agreement(budget: float, with_decode: bool) -> float:
+        room = TokenBudget(budget, with_decode, 0.0).room(decode)
+        return float(np.mean(_served_by(room, first, tokens) == last))
+
+    best: TokenBudget | None = None
+    for with_decode in (False, True):
+        scores = np.array([agreement(b, with_decode) for b in BUDGETS])
+        # the middle of the budgets that explain the most: those on either side of the truth
+        # that still explain as much differ from it at most by as much
+        top = np.flatnonzero(scores == scores.max())
+        breaks = np.flatnonzero(np.diff(top) > 1)
+        run = top[: breaks[0] + 1] if breaks.size else top
+        i = int(run[run.size // 2])
+        found = TokenBudget(float(BUDGETS[i]), with_decode, float(scores[i]))
+        low, high = BUDGETS[max(i - 1, 0)], BUDGETS[min(i + 1, BUDGETS.size - 1)]
+        for _ in range(ZOOMS):  # agreement peaks sharply at an engine's budget: close in on it
+            grid = np.round(np.linspace(low, high, REFINE + 2))
+            for b in grid[1:-1]:
+                score = agreement(float(b), with_decode)
+                if score > found.agreement:  # a round budget keeps a tie
+                    found = TokenBudget(float(b), with_decode, score)
+            step = grid[1] - grid[0]
+            low, high = max(found.tokens - step, 1.0), found.tokens + step
+        if best is None or found.agreement > best.agreement:
+            best = found
+    return best if best is not None and best.agreement >= BUDGET_AGREEMENT else None
 
 
 def place_prefill(
@@ -97,6 +186,8 @@ def place_prefill(
     j = np.searchsorted(full, last)
     admitted = np.where(j > 0, full[np.maximum(j - 1, 0)] + 1, 0) if full.size else np.zeros_like(last)
     first = np.minimum(np.maximum(np.searchsorted(start, sent[have], side="left"), admitted), last)
+    arrival = np.lexsort((sent[have], first))
+    budget = infer_budget(steps.decode, first[arrival], last[arrival], tokens[have][arrival])
     # steps some prompt could have been prefilled in
     cover = np.bincount(first, minlength=steps.count + 1) - np.bincount(last + 1, minlength=steps.count + 1)
     in_window = np.cumsum(cover[:-1]) > 0
@@ -112,6 +203,10 @@ def place_prefill(
             timed_steps & (duration <= np.median(duration[timed_steps])) if timed_steps.any() else timed_steps
         )
     first_fit = alone if alone.sum() >= MIN_TIMED_STEPS else timed_steps
+    if budget is not None:
+        placement = _fill(budget.room(steps.decode), (1.0, 0.0), have, first, last, tokens, cached)
+        prefill = np.bincount(placement.step, weights=placement.tokens, minlength=steps.count)
+        position = np.bincount(placement.step, weights=placement.position, minlength=steps.count)
     for iteration in range(REFITS):  # refit the step-time model with the placement it implies
         fitting = first_fit if iteration == 0 else timed_steps
         fitted = _fit_duration(
@@ -141,6 +236,8 @@ def place_prefill(
             and c + e > 0
             and float(prefilling[prefill > 0].mean()) >= 0.01 * float(np.median(duration))
         )
+        if budget is not None:
+            continue  # the placement stands: the step times are refitted to it
         room, unit = (
             (np.maximum(duration - decoding, 0.0), (c, e)) if timed else (np.zeros(steps.count), (1.0, 0.0))
         )
@@ -160,7 +257,7 @@ def place_prefill(
         placement = _fill(room, unit, have, first, last, tokens, cached)
         prefill = np.bincount(placement.step, weights=placement.tokens, minlength=steps.count)
         position = np.bincount(placement.step, weights=placement.position, minlength=steps.count)
-    return Placed(start, prefill, placement, duration_fit)
+    return Placed(start, prefill, placement, duration_fit, budget.as_dict() if budget else {"by": "step time"})
 
 
 @dataclass

@@ -5,8 +5,9 @@ step, so token arrivals across all streams come in bursts, one per step. A reque
 each step whose burst brings it a token, and prefills its computed prompt tokens (prompt less
 what the prefix cache held) in the steps before its first token: under a per-step token
 budget, a long prompt takes several steps, and those steps run longer than their decoding
-alone explains. So step times are fitted as ``a + b·decoders + c·prefill tokens`` and the
-prompts are placed first come, first served in the room the steps' extra time leaves.
+alone explains. The prompts are placed first come, first served in each step's room: the
+engine's token budget where one explains the first tokens, else the time the steps took beyond
+decoding (:mod:`.placement`).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Steps:
     entry_context: np.ndarray = field(default_factory=lambda: np.zeros(0))
     entry_position: np.ndarray = field(default_factory=lambda: np.zeros(0))
     duration_fit: dict[str, float] = field(default_factory=dict)
+    placement: dict[str, object] = field(default_factory=dict)  # how the prompts were placed
 
     @property
     def count(self) -> int:
@@ -139,6 +141,7 @@ def infer_steps(
     )
     placed = place_prefill(steps, sent, first_step, prefill_tokens, prompt - prefill_tokens, cold, running)
     steps.start, steps.prefill, steps.duration_fit = placed.start, placed.prefill, placed.duration_fit
+    steps.placement = placed.by
     entries = placed.entries
     steps.req = np.concatenate((steps.req, entries.req))
     steps.step = np.concatenate((steps.step, entries.step))
