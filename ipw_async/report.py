@@ -22,12 +22,19 @@ def _num(value: float | None, fmt: str = ",.1f", unit: str = "") -> str:
 # a step-cost summary's terms, as the run table says them
 _COST_LABELS = {
     "per_decode_step_j": "{:.3g} J a decode step",
+    "per_decode_second_w": "{:.3g} W while decoding",
     "per_decode_token_j": "{:.3g} J a token",
     "per_context_ktoken_j": "{:.3g} J per k context",
     "per_prefill_forward_j": "{:.3g} J a prefill",
     "per_prompt_token_j": "{:.3g} J a prompt token",
     "per_prompt_position_ktoken_j": "{:.3g} J per prompt token·k position",
 }
+
+
+def term_label(name: str) -> tuple[str, str]:
+    """A step cost as a reader says it, and its unit: ``per_decode_second_w`` → per decode second, W."""
+    words, unit = name.rsplit("_", 1)
+    return words.replace("_", " "), unit.upper()
 
 
 def describe_step_costs(model: dict[str, Any]) -> str:
@@ -45,6 +52,9 @@ def describe_step_costs(model: dict[str, Any]) -> str:
         if v > 0
     )
     fit = f", R² {model['r2']:.3f}" if model.get("r2") is not None else ""
+    placed = model.get("prefill_placement") or {}
+    if placed.get("by") == "token budget":  # read from first tokens: say what was found
+        fit += f"; prompts placed by a {placed['budget_tokens']:,}-token step budget"
     return f"step costs (v2): static {model['static_w']:,.1f} W ({model['static_source']}); {costs or 'none found'}{fit}"
 
 
@@ -89,8 +99,9 @@ def _describe_cost_fit(model: dict[str, Any]) -> list[str]:
     the fit's error on intervals it was not fitted to."""
     errors = model.get("errors") or {}
     known = [
-        f"{name.removesuffix('_j').replace('_', ' ')} {value:.3g} ± {errors[name]:.2g} J"
+        f"{label} {value:.3g} ± {errors[name]:.2g} {unit}"
         for name, value in model["costs"].items()
+        for label, unit in [term_label(name)]
         if errors.get(name) is not None and (value > 0 or errors[name] > 0)
     ]
     held = model.get("held_out_error")
@@ -256,13 +267,22 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
     energy = summary.get("energy", {})
     if energy.get("total_j") is not None:
         total, idle = energy["total_j"], energy.get("idle_j") or 0.0
+        headline = energy.get("headline_meters", [])
+        meters = energy.get("meters", {})
         table.add_row(
-            f"energy ({', '.join(energy.get('headline_meters', []))})",
+            f"energy ({', '.join(headline)})",
             f"{total:,.1f} J: {energy.get('attributed_j', 0):,.1f} J to queries, {idle:,.1f} J idle"
             f" ({idle / total:.0%})"
             if total
             else DASH,
         )
+        if headline and all(meters.get(m, {}).get("kind") == "estimate" for m in headline):
+            # against a remote server with no meter here, the only figure is this host's CPU model
+            table.add_row(
+                "",
+                "[bold yellow]an ESTIMATE of this machine's CPU, not a measurement of the server: "
+                "give --telemetry-url or --prometheus-url for its GPUs[/]",
+            )
         per_query = energy.get("per_query_j", {})
         band = (energy.get("band_half_width") or {}).get("p50")
         table.add_row(
@@ -271,7 +291,7 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
             + ("" if band is None else f", band ±{band:.0%} (median)"),
         )
         table.add_row("J/output token", _num(energy.get("j_per_output_token"), ",.3f"))
-        for name, meter in energy.get("meters", {}).items():
+        for name, meter in meters.items():
             if meter.get("power_model"):
                 table.add_row(f"energy model ({name})", describe_model(meter["power_model"]))
         errs = [m.get("conservation_error") for m in energy.get("meters", {}).values()]
@@ -284,7 +304,8 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
     client = summary.get("client") or {}
     if client.get("cpu_us_per_event") is not None:
         said = (
-            f"{client['cpu_us_per_event']:.1f} µs CPU per event, {_num(client['events_per_s'], ',.0f')} "
+            f"{client['cpu_us_per_event']:.1f} µs CPU per event (whole process), "
+            f"{_num(client['events_per_s'], ',.0f')} "
             f"events/s, loop lag p99 {_num(client['loop_lag_p99_ms'], '.1f', ' ms')}"
         )
         if client.get("client_limited"):

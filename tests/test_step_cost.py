@@ -90,6 +90,7 @@ def _run(
     streams: int = 6,
     seconds: float = 24.0,
     counter_ms: int = 100,
+    decode_w: float = 0.0,
 ) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray]:
     """A closed-loop server, scripted: every 20 ms step decodes one token for each running
     request and prefills (in the same step) the prompts of those that just arrived, each step's
@@ -116,11 +117,15 @@ def _run(
             nxt += 1
         decoding = list(running)
         prompt = sum(windows[r][1] for r in arriving)
-        duration = STEP_MS + int(prompt // 100)  # a prompt's tokens take time too
-        energy = (per_step_j if decoding else 0.0) + sum(0.3 + per_token_j * windows[r][1] for r in arriving)
+        # with ``decode_w``, a decode step is a graph over the batch padded to the highest busy
+        # slot, which moves every second: what it costs shows in its time, not in its decoders
+        decode_ms = STEP_MS * (1 + (k // 50) % 3) if decode_w else STEP_MS
+        duration = decode_ms + int(prompt // 100)  # a prompt's tokens take time too
+        step_j = decode_w * decode_ms / 1000 if decode_w else per_step_j
+        energy = (step_j if decoding else 0.0) + sum(0.3 + per_token_j * windows[r][1] for r in arriving)
         power[start : start + duration] = energy / (duration / 1000)
         for r in decoding:
-            truth[r] += per_step_j / len(decoding)
+            truth[r] += step_j / len(decoding)
         for r in arriving:
             truth[r] += 0.3 + per_token_j * windows[r][1]
             running[r] = chunks[r] = []
@@ -184,12 +189,25 @@ def test_the_steps_rule_recovers_a_v2_truth_and_beats_token_work(
     steps, section = attribute(tel, [GPU], recs, AttributionConfig(baseline_w=STATIC_W))
     tokens, _ = attribute(tel, [GPU], recs, AttributionConfig(rule="tokens", baseline_w=STATIC_W))
     meter = section["meters"]["dev"]
-    assert meter["power_model"]["costs"]["per_decode_step_j"] == pytest.approx(per_step_j, rel=0.1)
+    costs = meter["power_model"]["costs"]
+    # steps of one length: their cost reads as per step or per second of decoding alike
+    per_step = costs["per_decode_step_j"] + costs["per_decode_second_w"] * STEP_MS / 1000
+    assert per_step == pytest.approx(per_step_j, rel=0.1)
     assert _p95(steps, truth) < bound and _p95(steps, truth) < _p95(tokens, truth)
     assert abs(meter["conservation_error"]) < 1e-9
     low, high = (steps.sort("request_id").get_column(c).to_numpy() for c in ("energy_low_j", "energy_high_j"))
     assert np.mean((low <= truth) & (truth <= high)) >= 0.9
     assert np.median((high - low) / 2 / truth) < 0.15
+
+
+def test_a_decode_step_whose_cost_shows_only_in_its_time_is_priced_by_its_time() -> None:
+    # the batch padded to 1, 2 or 3 × 20 ms whatever its decoders: 300 W while decoding
+    recs, tel, truth = _run(np.random.default_rng(11), 0.0, 0.014, decode_w=300.0)
+    steps, section = attribute(tel, [GPU], recs, AttributionConfig(baseline_w=STATIC_W))
+    tokens, _ = attribute(tel, [GPU], recs, AttributionConfig(rule="tokens", baseline_w=STATIC_W))
+    costs = section["meters"]["dev"]["power_model"]["costs"]
+    assert costs["per_decode_second_w"] == pytest.approx(300.0, rel=0.1)
+    assert _p95(steps, truth) < 0.05 and _p95(steps, truth) < _p95(tokens, truth) / 2
 
 
 def test_too_few_intervals_fit_no_costs_and_the_band_says_it_is_unsure() -> None:
@@ -203,9 +221,11 @@ def test_too_few_intervals_fit_no_costs_and_the_band_says_it_is_unsure() -> None
 
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-# p95 of |error| against each real run's v2 reference, as this rule reached it (1.6 / 6.3 /
-# 21.2%), with room for float noise: a change that makes any real run worse fails here
-REACHED = {"h100-8b-graphs/c8": 0.02, "h100-8b-graphs/c128": 0.07, "h100-8b-graphs/pois": 0.22}
+# p95 of |error| against each real run's v2 reference, as this rule reached it (1.5 / 3.5 /
+# 12.0%), with room for float noise: a change that makes any real run worse fails here
+REACHED = {"h100-8b-graphs/c8": 0.02, "h100-8b-graphs/c128": 0.04, "h100-8b-graphs/pois": 0.125}
+# the band's median half-width there (4.3 / 5.9 / 14.8%): the issue's bar is 15%
+BAND = {"h100-8b-graphs/c8": 0.05, "h100-8b-graphs/c128": 0.065, "h100-8b-graphs/pois": 0.15}
 
 
 @pytest.mark.skipif(
@@ -226,3 +246,8 @@ def test_the_default_on_real_h100_runs_is_no_worse_than_it_reached(name: str, tm
     assert summary["energy"]["rule"] == "steps" and score.n > 50
     assert score.p95 <= REACHED[name] and abs(score.bias) < 0.02
     assert score.coverage is not None and score.coverage >= 0.9
+    assert score.half_width is not None and score.half_width <= BAND[name]
+    placed = summary["energy"]["meters"]["gpu0"]["power_model"]["prefill_placement"]
+    if name != "h100-8b-graphs/c8":  # at 8 streams too few prompts wait to tell a budget
+        # the server's 2,048 tokens a step, from first tokens alone
+        assert placed["by"] == "token budget" and placed["budget_tokens"] == 2048

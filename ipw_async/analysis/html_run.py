@@ -14,7 +14,7 @@ from rich.errors import MarkupError
 from rich.table import Table
 from rich.text import Text
 
-from ..report import DASH, describe_model, ms, summary_table
+from ..report import DASH, describe_model, ms, summary_table, term_label
 from ..results import finalize
 from ..rundir import files
 from ..rundir.manifest import Manifest
@@ -319,8 +319,9 @@ def _power_model(index: int, meter: str, model: dict[str, Any]) -> str:
         for label, key, err, unit in PARAMETERS
         if values.get(key) is not None
     ] + [  # a step-cost model's costs (convention v2)
-        [esc(name.removesuffix("_j").replace("_", " ")), cell(value, ",.4g", " J"), cell(errors.get(name), ",.2g")]
+        [esc(label), cell(value, ",.4g", f" {unit}"), cell(errors.get(name), ",.2g")]
         for name, value in (model.get("costs") or {}).items()
+        for label, unit in [term_label(name)]
     ]
     selection = model.get("selection") or {}
     held_out: dict[str, float] = selection.get("held_out_error") or {}

@@ -292,7 +292,12 @@ def attribute_meter(
     fitted = (
         {}
         if described is None
-        else described.as_dict() | {"step_time": work.steps.duration_fit, "steps": work.steps.count}
+        else described.as_dict()
+        | {
+            "step_time": work.steps.duration_fit,
+            "prefill_placement": work.steps.placement,
+            "steps": work.steps.count,
+        }
     )
     return MeterResult(
         meter=meter.channel,

@@ -38,6 +38,7 @@ from .steps import Steps
 # the fitted costs, in order
 TERMS = (
     "per_decode_step_j",
+    "per_decode_second_w",
     "per_decode_token_j",
     "per_context_ktoken_j",
     "per_prefill_forward_j",
@@ -51,6 +52,7 @@ TERMS = (
 # its step times there (fits of Σ context and decoders × longest context differ by < 1% RMS).
 CONTEXT_COSTS = ("shared", "own")
 CONTEXT = TERMS.index("per_context_ktoken_j")
+DECODE_TIME = TERMS.index("per_decode_second_w")
 FOLDS = 4
 MIN_FOLD_INTERVALS = 6
 MIN_INTERVALS = 8  # fewer usable intervals than this fit nothing: costs by token work alone
@@ -61,16 +63,19 @@ def entry_features(steps: Steps, context_cost: str = "shared") -> np.ndarray:
     """Per (request, step) entry, its units of every term (an entry × term matrix). The
     per-step cost, and the context where ``context_cost`` is shared, are the step's units in
     equal parts to its decoding entries: a column's sum over a step is the step's units either way."""
-    shared = [0, CONTEXT] if context_cost == "shared" else [0]
+    shared = [0, DECODE_TIME, CONTEXT] if context_cost == "shared" else [0, DECODE_TIME]
     decoding = steps.entry_decode > 0
     context = steps.entry_context if steps.entry_context.size else np.zeros(steps.req.size)
     position = steps.entry_position if steps.entry_position.size else np.zeros(steps.req.size)
     first = np.zeros(steps.req.size)  # one unit a step with decoders, on its first decoding entry
     _, head = np.unique(np.where(decoding, steps.step, -1), return_index=True)
     first[head[decoding[head]]] = 1.0
+    decoding_s = np.zeros(steps.req.size)  # the step's decoding time, on its first decoding entry
+    decoding_s[head[decoding[head]]] = decode_seconds(steps)[steps.step[head[decoding[head]]]]
     own = np.column_stack(
         (
             first,
+            decoding_s,
             steps.entry_decode,
             context,
             (steps.entry_prefill > 0).astype(float),
@@ -84,6 +89,22 @@ def entry_features(steps: Steps, context_cost: str = "shared") -> np.ndarray:
         step_units = np.bincount(steps.step, weights=own[:, j], minlength=steps.count)
         own[:, j] = step_units[steps.step] * per_decoder
     return own
+
+
+def decode_seconds(steps: Steps) -> np.ndarray:
+    """Each step's time spent decoding (s): a decode step's whole time; a step that also ran
+    prompt tokens, what its decoding alone takes by the step-time fit, at most its time. A
+    decode step's energy follows its time where the engine pads the batch (a CUDA graph over
+    slots up to the highest one decoding costs what 128 rows do while one decodes)."""
+    duration = np.maximum(steps.end - steps.start, 0.0) / 1e9
+    fit = steps.duration_fit
+    alone = (
+        fit.get("base_ms", 0.0) + fit.get("per_decode_ms", 0.0) * steps.decode
+        + fit.get("per_context_ktoken_ms", 0.0) * steps.context
+    ) / 1e3
+    mixed = steps.prefill > 0
+    seconds = np.where(mixed, np.minimum(duration, alone), duration)
+    return np.where(steps.decode > 0, seconds, 0.0)
 
 
 @dataclass
@@ -148,7 +169,11 @@ class StepCost:
             "static_source": self.static_source,
             "costs": {name: float(c) for name, c in zip(TERMS, self.costs, strict=True)},
             "errors": {name: finite(e) for name, e in zip(TERMS, self.errors, strict=False)},
-            "shared_equally": [TERMS[0], *([TERMS[CONTEXT]] if self.context_cost == "shared" else [])],
+            "shared_equally": [
+                TERMS[0],
+                TERMS[DECODE_TIME],
+                *([TERMS[CONTEXT]] if self.context_cost == "shared" else []),
+            ],
             "r2": self.r2,
             "held_out_error": self.held_out_error,
             "in_sample_error": self.in_sample_error,
@@ -207,7 +232,7 @@ def fit_step_cost(
     static = problem.static_w
     source = static_source if static is not None else "fitted"
     if n < MIN_INTERVALS or problem.steps.count < MIN_INTERVALS:
-        fallback = np.array([0.0, 1.0, 0.0, 0.0, problem.default_prefill_weight, 0.0])
+        fallback = np.array([0.0, 0.0, 1.0, 0.0, 0.0, problem.default_prefill_weight, 0.0])
         if static is None:
             static = float(np.percentile(problem.energy / np.maximum(problem.dt, 1e-9), 5))
         note = (
