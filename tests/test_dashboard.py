@@ -418,3 +418,13 @@ def test_summary_table_says_energy_was_not_measured_only_when_it_was_not() -> No
     }
     text = _text(summary_table(host_only), width=200)
     assert "not measured (no energy source)" in text and "sampler p99 1.2 ms late" in text
+
+
+def test_summary_table_says_when_the_only_energy_is_this_machines_cpu_estimate() -> None:
+    def summary(kind: str) -> dict[str, Any]:
+        meter = {"kind": kind, "conservation_error": 0.0}
+        energy = {"total_j": 50.0, "attributed_j": 40.0, "idle_j": 10.0, "headline_meters": ["m"]}
+        return {"model": "m", "energy": energy | {"meters": {"m": meter}}}
+
+    assert "ESTIMATE" in _text(summary_table(summary("estimate")), width=200)
+    assert "ESTIMATE" not in _text(summary_table(summary("counter")), width=200)
