@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ipw_async.energy.placement import TokenBudget, _served_by, infer_budget
+from ipw_async.energy.placement import PromptQueue, TokenBudget, infer_budget
 
 
 def _queue(room: np.ndarray, first: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -42,7 +42,7 @@ def test_one_pass_serves_prompts_as_a_step_by_step_queue_does() -> None:
         first = np.sort(rng.integers(0, 150, 60))
         tokens = rng.integers(1, 3000, 60).astype(float)
         expected = _queue(room, first, tokens)
-        served = _served_by(room, first, tokens)
+        served = PromptQueue.of(first, tokens, room.size).finishing(room)
         finished = expected >= 0  # the queue's last prompts may outlast the steps
         assert np.array_equal(served[finished], expected[finished])
 
