@@ -6,12 +6,15 @@ figure per unit, fitted to the meter's intervals:
 - a decode step's own cost, once per step with any decoder, whatever its batch (on a real GPU
   most of a decode step's energy: the weights streamed from memory, the launches, rows padded
   to a captured batch size; 2.2 J a step against 0.013 J a row on an H100);
+- per second of decoding (W): a CUDA graph over the batch padded to the highest busy slot
+  costs what its time shows, not what its decoders would (on the real H100 runs, one decoder
+  in a high slot ran 22 ms, 11 J steps);
 - per decoded token, and per thousand tokens of context it read (attention over its KV cache);
 - a prefill forward's own cost, once per request prefilled in the step;
 - per prompt token computed, and per thousand positions before those tokens.
 
-Convention v2 shares them as their causes do: the per-step cost equally among the requests
-that decoded in the step (the Shapley value of a fixed cost), and the context read too where
+Convention v2 shares them as their causes do: the per-step and per-second costs equally among
+the requests that decoded in the step (the Shapley value of a fixed cost), and the context read too where
 attention is padded to the batch's longest context (:data:`CONTEXT_COSTS`); every other cost to
 the request that incurred it. A fit finds the costs by non-negative least squares of every usable meter
 interval's energy less static power × its time, against the steps' modelled energy spread
