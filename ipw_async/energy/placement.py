@@ -33,6 +33,14 @@ REFITS = 8
 LONG_STEP = 0.05
 # A step-time term for prompt positions must cut the squared error of step times by this share
 POSITION_GAIN = 0.05
+# The step-time fit as summary.json gives it, in the order _fit_duration returns it
+STEP_TIME_TERMS = (
+    "base_ms",
+    "per_decode_ms",
+    "per_prefill_token_ms",
+    "per_position_ktoken_ms",
+    "per_context_ktoken_ms",
+)
 # A token budget is the steps' room where filling it first come, first served brings at least
 # this share of the prompts to their first token in the step it came in
 BUDGET_AGREEMENT = 0.9
@@ -169,39 +177,22 @@ def place_prefill(
     cold: np.ndarray,
     running: np.ndarray,
 ) -> Placed:
-    """Each prompt in the room the steps' extra time (over decode alone) leaves, first come,
-    first served as the engines we know schedule prefill (vLLM, SGLang, TGI): prompts in the
-    order of their first tokens, each from the first step after its arrival, and no earlier
-    than the first-token step of the prompt served before it nor than the last step before it
-    at the batch's ceiling (a request queued for a batch slot does no work), taking what room
-    earlier prompts left, its first-token step taking whatever remains. A prompt token's time
-    grows with its position (attention over the tokens before it), so a long prompt's later
-    chunks fill a step's room with fewer tokens. A ``cold`` step (the engine idle before it)
-    lasts what the step-time fit says its work takes, within the time since its first request
-    arrived.
-
-    (Spreading a prompt over all its wait in proportion to the room put much of it in steps
-    that were busy with the prompts queued ahead of it.) ``cached`` prompt tokens come first
-    in each prompt: its computed tokens' positions start after them."""
+    """Each prompt placed first come, first served (as vLLM, SGLang and TGI schedule prefill) in
+    the room of the steps from the first after its arrival (and after any wait for a batch
+    slot) to its first token's, which takes whatever remains: the engine's token budget where
+    one explains the first tokens (:func:`infer_budget`), else the time the steps took beyond
+    decoding alone, a token's time growing with its position. ``cached`` prompt tokens come
+    first in each prompt. A ``cold`` step (the engine idle before it) lasts what the step-time
+    fit says its work takes, within the time since its first request arrived. (Spreading a
+    prompt over all its wait put much of it in steps busy with the prompts ahead of it.)"""
     context = steps.context
     start = steps.start.copy()
     earliest = steps.start.copy()
     duration = steps.end - start
     timed_steps = np.isfinite(duration) & (duration > 0) & ~cold  # a cold step's start is a guess
     times_cold_steps = timed_steps.sum() >= MIN_TIMED_STEPS  # else the fit is a median, no model
-    order = np.argsort(first_step, kind="stable")
-    have = order[(first_step[order] >= 0) & (tokens[order] > 0)]
-    last = first_step[have]
+    have, first, last = _windows(start, sent, first_step, tokens, running)
     need = float(tokens[have].sum())
-    # a request joins the batch at the first step that starts after it arrived
-    # a batch limit shows as a ceiling the batch keeps reaching: no prompt ran in a step at it,
-    # so a request whose first token came later waited for a slot until after the last such
-    full = np.flatnonzero(running >= running.max()) if running.size else running.astype(int)
-    if full.size < BATCH_CEILING_SHARE * steps.count:
-        full = full[:0]
-    j = np.searchsorted(full, last)
-    admitted = np.where(j > 0, full[np.maximum(j - 1, 0)] + 1, 0) if full.size else np.zeros_like(last)
-    first = np.minimum(np.maximum(np.searchsorted(start, sent[have], side="left"), admitted), last)
     arrival = np.lexsort((sent[have], first))
     budget = infer_budget(steps.decode, first[arrival], last[arrival], tokens[have][arrival])
     # steps some prompt could have been prefilled in
@@ -221,8 +212,7 @@ def place_prefill(
     first_fit = alone if alone.sum() >= MIN_TIMED_STEPS else timed_steps
     if budget is not None:
         placement = _fill(budget.room(steps.decode), (1.0, 0.0), have, first, last, tokens, cached)
-        prefill = np.bincount(placement.step, weights=placement.tokens, minlength=steps.count)
-        position = np.bincount(placement.step, weights=placement.position, minlength=steps.count)
+        prefill, position = placement.per_step(steps.count)
     for iteration in range(REFITS):  # refit the step-time model with the placement it implies
         fitting = first_fit if iteration == 0 else timed_steps
         fitted = _fit_duration(
@@ -232,13 +222,7 @@ def place_prefill(
             break  # the placement it implies is the one already made
         previous = fitted
         a, b, c, e, d = fitted
-        duration_fit = {
-            "base_ms": a / 1e6,
-            "per_decode_ms": b / 1e6,
-            "per_prefill_token_ms": c / 1e6,
-            "per_position_ktoken_ms": e / 1e6,
-            "per_context_ktoken_ms": d / 1e6,
-        }
+        duration_fit = dict(zip(STEP_TIME_TERMS, (v / 1e6 for v in fitted), strict=True))
         decoding = a + b * steps.decode + d * context
         prefilling = c * prefill + e * position
         if times_cold_steps:
@@ -246,33 +230,21 @@ def place_prefill(
             since = np.where(modelled > 0, np.maximum(earliest, steps.end - modelled), earliest)
             start[cold] = since[cold]
             duration = steps.end - start
+        if budget is not None:
+            continue  # the placement stands: the step times are refitted to it
         # prefill time under 1% of a step is the fit's float residue: no room
         timed = (
             prefill.any()
             and c + e > 0
             and float(prefilling[prefill > 0].mean()) >= 0.01 * float(np.median(duration))
         )
-        if budget is not None:
-            continue  # the placement stands: the step times are refitted to it
         room, unit = (
             (np.maximum(duration - decoding, 0.0), (c, e)) if timed else (np.zeros(steps.count), (1.0, 0.0))
         )
-        # Before any placement, and wherever every step at its token budget looks alike in time
-        # (the fit cannot tell base time from prompt tokens, and the steps' room cannot hold
-        # the prompts), the prompts themselves say what a step holds: all of them over the
-        # steps they could have run in that ran longer than decoding alone explains (an engine
-        # fills a token budget, so a prompt's chunks are alike in tokens, not in time).
-        long = in_window & (duration - decoding > LONG_STEP * np.maximum(decoding, 0.0))
-        steps_for = long if iteration == 0 and long.any() else in_window
-        capacity = need / max(int(steps_for.sum()), 1)
-        if (
-            room.sum() < 0.5 * _prompt_time(tokens[have], cached[have], *unit).sum()
-            and capacity >= MIN_STEP_BUDGET
-        ):
-            room, unit = np.where(steps_for, capacity, 0.0), (1.0, 0.0)
+        if room.sum() < 0.5 * _prompt_time(tokens[have], cached[have], *unit).sum():
+            room, unit = _room_in_tokens(room, unit, duration - decoding, decoding, in_window, need, iteration == 0)
         placement = _fill(room, unit, have, first, last, tokens, cached)
-        prefill = np.bincount(placement.step, weights=placement.tokens, minlength=steps.count)
-        position = np.bincount(placement.step, weights=placement.position, minlength=steps.count)
+        prefill, position = placement.per_step(steps.count)
     return Placed(start, prefill, placement, duration_fit, budget.as_dict() if budget else {"by": "step time"})
 
 
@@ -284,6 +256,56 @@ class Placement:
     step: np.ndarray
     tokens: np.ndarray
     position: np.ndarray
+
+    def per_step(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each step's prompt tokens and their positions."""
+        return (
+            np.bincount(self.step, weights=self.tokens, minlength=count),
+            np.bincount(self.step, weights=self.position, minlength=count),
+        )
+
+
+def _room_in_tokens(
+    room: np.ndarray,
+    unit: tuple[float, float],
+    extra: np.ndarray,
+    decoding: np.ndarray,
+    in_window: np.ndarray,
+    need: float,
+    first_placement: bool,
+) -> tuple[np.ndarray, tuple[float, float]]:
+    """Where the steps' time cannot hold the prompts: before any placement, and wherever every
+    step at its token budget looks alike in time (the fit cannot tell base time from prompt
+    tokens), the prompts themselves say what a step holds: all of them (``need`` tokens) over
+    the steps they could have run in that ran longer (``extra``) than decoding alone explains
+    (an engine fills a token budget, so a prompt's chunks are alike in tokens, not in time).
+    The time's ``room`` where that would be less than any engine's budget."""
+    long = in_window & (extra > LONG_STEP * np.maximum(decoding, 0.0))
+    steps_for = long if first_placement and long.any() else in_window
+    capacity = need / max(int(steps_for.sum()), 1)
+    if capacity < MIN_STEP_BUDGET:
+        return room, unit
+    return np.where(steps_for, capacity, 0.0), (1.0, 0.0)
+
+
+def _windows(
+    start: np.ndarray, sent: np.ndarray, first_step: np.ndarray, tokens: np.ndarray, running: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The prompts to place (in order of their first tokens) and the steps each could have run
+    in: from the first that started after it arrived and after any wait for a batch slot, to
+    its first token's."""
+    order = np.argsort(first_step, kind="stable")
+    have = order[(first_step[order] >= 0) & (tokens[order] > 0)]
+    last = first_step[have]
+    # a batch limit shows as a ceiling the batch keeps reaching: no prompt ran in a step at it,
+    # so a request whose first token came later waited for a slot until after the last such
+    full = np.flatnonzero(running >= running.max()) if running.size else running.astype(int)
+    if full.size < BATCH_CEILING_SHARE * start.size:
+        full = full[:0]
+    j = np.searchsorted(full, last)
+    admitted = np.where(j > 0, full[np.maximum(j - 1, 0)] + 1, 0) if full.size else np.zeros_like(last)
+    first = np.minimum(np.maximum(np.searchsorted(start, sent[have], side="left"), admitted), last)
+    return have, first, last
 
 
 def _prompt_time(
