@@ -7,10 +7,16 @@ Measured on the client's hot path (``benchmarks/client_overhead.py``): uvloop ta
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from .errors import Stopped
+
 T = TypeVar("T")
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -21,10 +27,60 @@ def _factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on the fastest loop here; Ctrl-C cancels ``main`` as asyncio.run does."""
+def run(main: Coroutine[Any, Any, T], *, stop_signals: bool = True) -> T:
+    """``asyncio.run`` on the fastest loop here.
+
+    On the main thread SIGINT, SIGTERM and SIGHUP cancel ``main``, whatever this process
+    inherited for them: a background job of a script starts with SIGINT ignored, and asyncio's
+    own runner then leaves Ctrl-C (and anything that forwards to it) unheard. ``main`` unwinds
+    as it does on any cancellation; if it ends cancelled, :class:`Stopped` (a KeyboardInterrupt)
+    names the signal. A second signal while it unwinds kills the process by that signal.
+    ``stop_signals=False``: the process's own dispositions stand (worker processes, which the
+    coordinator stops).
+    """
     with asyncio.Runner(loop_factory=_factory()) as runner:
-        return runner.run(main)
+        if not stop_signals or threading.current_thread() is not threading.main_thread():
+            return runner.run(main)
+        stop = _Stop()
+        try:
+            return runner.run(stop.guard(main))
+        except asyncio.CancelledError:
+            if stop.signum is None:
+                raise
+            raise Stopped(stop.signum) from None
+
+
+class _Stop:
+    """The stop signals' handlers on the running loop, for as long as ``main`` runs."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    async def guard(self, main: Coroutine[Any, Any, T]) -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+        for sig in STOP_SIGNALS:
+            # through the loop, not signal.signal: the handler runs between callbacks, so the
+            # cancellation lands at an await as any other does
+            loop.add_signal_handler(sig, self._received, sig, task)
+        try:
+            return await main
+        finally:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)  # leaves SIG_DFL (SIGINT: Python's own handler)
+                if handler is not None:  # None: set outside Python; cannot be put back
+                    signal.signal(sig, handler)
+
+    def _received(self, signum: int, task: asyncio.Task[Any]) -> None:
+        if self.signum is not None:
+            # asked twice: the unwinding is taking too long for whoever is waiting; what the
+            # writer flushed stays on disk, and `ipw-async recover` finishes the directory
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+        self.signum = signum
+        task.cancel()
 
 
 def loop_name() -> str:

@@ -23,6 +23,7 @@ import polars as pl
 
 from ._loop import run as run_loop
 from .client._events import error_message
+from .errors import stop_signal
 from .results import finalize
 from .rundir import files
 from .rundir.manifest import Manifest
@@ -188,13 +189,14 @@ def judge_run(
     )
     try:
         run_loop(_judge_all(judged, items, url, api_key, concurrency, timeout_s, max_tokens, shown))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if judged.model is None:
             raise
         # the verdicts so far are kept; the rest are null, and say why
+        why = f"the judge was stopped ({stop_signal(exc).name}) before this answer"
         for line in judged.lines:
             if line["verdict"] is None and line["error"] is None:
-                line["error"] = "the judge was stopped (Ctrl-C) before this answer"
+                line["error"] = why
         judged.write(run_dir, interrupted=True)
         finalize(run_dir)
         raise

@@ -102,6 +102,7 @@ def agent(
     `ipw-async run --base-url http://gpu-host:8000/v1 --telemetry-url http://gpu-host:9180
     --telemetry-token-file agent.token`. The agent reads its sources on its own schedule and
     stamps each reading on this machine's clock; the harness measures the clocks' offset itself.
+    Ctrl-C, SIGTERM or SIGHUP is its normal end (exit 0).
     """
     try:
         token = _token(token_file)

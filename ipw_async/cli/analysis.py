@@ -198,10 +198,10 @@ def sweep(
 
     Any `ipw-async run` option may follow (e.g. -n 100 --dataset synthetic --base-url URL); every run draws the same queries (same dataset and --max-queries); repeat r runs with seed + r (arrivals and the simulator), while synthetic lengths keep the base seed so every repeat sends the same queries.
 
-    Writes raw_runs.csv, summary_stats.csv/.json, the Pareto frontiers, summary.json (levels accepted or rejected by the constraints or for over-saturation, the best, and the throughput and energy knees), plots and report.html under OUTPUT_DIR/sweep/. Ctrl-C stops the sweep and still writes the results of the runs that finished.
+    Writes raw_runs.csv, summary_stats.csv/.json, the Pareto frontiers, summary.json (levels accepted or rejected by the constraints or for over-saturation, the best, and the throughput and energy knees), plots and report.html under OUTPUT_DIR/sweep/. Ctrl-C, SIGTERM or SIGHUP stops the sweep (exit 130, 143, 129) and still writes the results of the runs that finished.
     """
     from ..analysis.sweep import knee_lines
-    from ..harness.sweep import default_sweep_dir, run_sweep
+    from ..harness.sweep import default_sweep_dir, run_sweep, stop_code
 
     try:
         options = parse_run_args(ctx.args)
@@ -241,7 +241,7 @@ def sweep(
         Exports(mlflow=True, mlflow_experiment=mlflow_experiment)(result.sweep_dir)
     if result.interrupted:
         err.print(f"[yellow]interrupted:[/] results of the runs that finished are in {result.sweep_dir}")
-        raise typer.Exit(130)
+        raise typer.Exit(stop_code(result))
     raise typer.Exit(0 if result.summary["counts"]["runs_failed"] == 0 else 1)
 
 

@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..errors import Stopped
 from ..harness.config import OUTPUT
 from ..judge import JudgeError, JudgeResult, judge_run, parse_spec
 from ..report import ms
@@ -87,6 +88,9 @@ def judge(
     try:
         url, model = parse_spec(spec)
         result = judge_run(run_dir, url, model, api_key=api_key, concurrency=concurrency, timeout_s=timeout)
+    except Stopped as exc:
+        err.print(f"[yellow]stopped by {exc.signal.name}:[/] the verdicts so far are in {run_dir}")
+        raise typer.Exit(128 + exc.signal) from None
     except (JudgeError, RunDirError) as exc:
         raise fail(str(exc)) from None
     out.print(verdict_table(result))

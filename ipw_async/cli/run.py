@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from .._loop import run as run_loop
-from ..errors import RunAborted, RunError
+from ..errors import RunAborted, RunError, stop_signal
 from ..harness import RunConfig, run_benchmark
 from ..harness.live import Display
 from ..results import RunResult, finalize
@@ -37,28 +37,6 @@ def display_for(dashboard: bool, quiet: bool) -> Display:
     return LinesDisplay(quiet=quiet)
 
 
-class _StopSignals:
-    """SIGTERM and SIGHUP end a run as Ctrl-C does (the run unwinds, finishes its files and
-    writes its summary); the exit code then names the signal (128 + its number)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-
-    def __enter__(self) -> _StopSignals:
-        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        self.received = signum
-        signal.raise_signal(signal.SIGINT)  # asyncio's runner turns it into a cancellation
-
-    def __exit__(self, *_: object) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-
-
 Start = Callable[[RunConfig, Display], Coroutine[Any, Any, RunResult]]
 
 
@@ -71,29 +49,35 @@ def execute(
 ) -> int:
     """Run (``start``: a benchmark, or a proxy's run) with one-line errors, then judge its answers
     (``judging``) and make the ``exports`` asked for, so they carry the judged results; the exit
-    code says how the run ended (0 ok, 1 partial, 2 unusable, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
-    with _StopSignals() as stop:
-        try:
-            result = run_loop(start(config, display))
-        except RunError as exc:
-            if Debug.on:
-                raise
-            err.print(f"[bold red]error:[/] {escape(str(exc))}")
-            return 1 if isinstance(exc, RunAborted) else 2
-        except KeyboardInterrupt:
-            cause = (
-                "interrupted" if stop.received is None else f"stopped by {signal.Signals(stop.received).name}"
-            )
-            err.print(
-                f"[yellow]{cause}:[/] the records measured so far are on disk (summary says complete: false)"
-            )
-            return 128 + (stop.received or signal.SIGINT)
+    code says how the run ended (0 ok, 1 partial, 2 unusable, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP:
+    128 + the stop signal's number). A proxy's run ends normally on a stop signal (0)."""
+    try:
+        result = run_loop(start(config, display))
+    except RunError as exc:
+        if Debug.on:
+            raise
+        err.print(f"[bold red]error:[/] {escape(str(exc))}")
+        return 1 if isinstance(exc, RunAborted) else 2
+    except KeyboardInterrupt as exc:
+        on_disk = "the records measured so far are on disk (summary says complete: false)"
+        err.print(f"[yellow]{_stopped(exc)}:[/] {on_disk}")
+        return 128 + stop_signal(exc)
     code = 0 if result.complete else 1
     if judging is not None:  # after the run's measured window, tail and finalize: not in its energy
-        judging(result.run_dir, code)
+        try:
+            judging(result.run_dir, code)
+        except KeyboardInterrupt as exc:
+            kept = f"the run's files are finished; the verdicts so far are in {result.run_dir}"
+            err.print(f"[yellow]{_stopped(exc)}:[/] {kept}")
+            return 128 + stop_signal(exc)
     if exports is not None:
         exports(result.run_dir)
     return code
+
+
+def _stopped(exc: KeyboardInterrupt) -> str:
+    sig = stop_signal(exc)
+    return "interrupted" if sig == signal.SIGINT else f"stopped by {sig.name}"
 
 
 def run(ctx: typer.Context, **options: Any) -> None:
@@ -200,7 +184,8 @@ def recover(
 
 
 def sim(**options: Any) -> None:
-    """Serve the built-in SIMULATED OpenAI-compatible server and device until Ctrl-C."""
+    """Serve the built-in SIMULATED OpenAI-compatible server and device until Ctrl-C, SIGTERM or
+    SIGHUP, its normal end (exit 0)."""
     host, port = options["host"], options["port"]
     try:
         config = SimConfig(

@@ -65,7 +65,7 @@ def search(
 
     Any `ipw-async run` option may follow (e.g. -n 200 --dataset synthetic --base-url URL): every probe is such a run, into its own directory. Load doubles from --start until a probe breaks an SLO, then each probe goes where a monotone fit of the probes' SLO margins puts the boundary, until it is known to --precision.
 
-    Prints the boundary with its bootstrap interval, the SLO that binds, a cliff flag, and J/query, J/token and IPJ at the most load that met every SLO; writes search/search.json and search/search.png.
+    Prints the boundary with its bootstrap interval, the SLO that binds, a cliff flag, and J/query, J/token and IPJ at the most load that met every SLO; writes search/search.json and search/search.png. Ctrl-C, SIGTERM or SIGHUP stops the search after writing what the finished probes found (exit 130, 143, 129).
     """
     from ..analysis.search import Slo
     from ..errors import RunError
@@ -96,9 +96,9 @@ def search(
     except (ValueError, RunError) as exc:
         raise fail(str(exc)) from None
     out.print(_table(result))
-    if result.interrupted:
+    if result.stopped_by is not None:
         err.print(f"[yellow]interrupted:[/] the probes that finished are in {result.out_dir}")
-        raise typer.Exit(130)
+        raise typer.Exit(128 + result.stopped_by)
 
 
 def _progress_line(probe: Probe, count: int) -> None:

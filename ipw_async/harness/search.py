@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from ..analysis.rundir import load_run
 from ..analysis.search import BOOTSTRAP, Boundary, Slo, boundary, boundary_interval, margins
 from ..analysis.search_plot import plot_search
 from ..analysis.sweep import Level
-from ..errors import RunError
+from ..errors import RunError, stop_signal
 from ..load import LoadSpec
 from ..rundir import files
 from ..rundir.manifest import slug
@@ -88,7 +89,7 @@ class SearchResult:
     interval: tuple[float, float] | None
     stop: str
     summary: dict[str, Any]
-    interrupted: bool = False
+    stopped_by: signal.Signals | None = None  # the signal that stopped the search early
     plots: PlotReport = field(default_factory=PlotReport)
 
     @property
@@ -166,10 +167,10 @@ def run_search(
         raise ValueError("--repeats must be at least 1")
     out_dir.mkdir(parents=True, exist_ok=True)
     probes: list[Probe] = []
-    interrupted = False
+    stopped_by: signal.Signals | None = None
 
     def probe(load: float) -> Probe:
-        nonlocal interrupted
+        nonlocal stopped_by
         configs = [level_config(base, _level(mode, load), r, out_dir) for r in range(repeats)]
         p = Probe(load, [c.output_dir for c in configs if c.output_dir is not None])
         probes.append(p)
@@ -183,8 +184,9 @@ def run_search(
             p.error = str(exc)  # the server fell over under this load: every SLO broken
             p.margins = {slo.name: -math.inf for slo in slos}
             p.replicates = np.full((BOOTSTRAP, len(slos)), -math.inf)
-        except KeyboardInterrupt:
-            p.status, p.error, interrupted = "interrupted", "stopped by Ctrl-C", True
+        except KeyboardInterrupt as exc:
+            stopped_by = stop_signal(exc)
+            p.status, p.error = "interrupted", f"stopped by {stopped_by.name}"
         if p.status == "ok":
             runs = [load_run(d) for d in p.run_dirs]
             point, boot = margins(slos, [r.records for r in runs], seed=base.seed + len(probes))
@@ -197,10 +199,10 @@ def run_search(
             progress(p, len(probes))
         return p
 
-    stop = _bracket(probe, mode, start, max_load, max_probes, lambda: interrupted)
+    stop = _bracket(probe, mode, start, max_load, max_probes, lambda: stopped_by)
     while stop is None:
-        if interrupted:
-            stop = "stopped by Ctrl-C"
+        if stopped_by is not None:
+            stop = f"stopped by {stopped_by.name}"
             break
         found, interval = _fitted(probes)
         if found.estimate is None:
@@ -222,7 +224,7 @@ def run_search(
         probe(load)
     found, interval = _fitted(probes)
     summary = _summary(mode, slos, probes, found, interval, stop, base)
-    result = SearchResult(out_dir, mode, slos, probes, found, interval, stop, summary, interrupted)
+    result = SearchResult(out_dir, mode, slos, probes, found, interval, stop, summary, stopped_by)
     result.search_dir.mkdir(parents=True, exist_ok=True)
     files.write_json(result.search_dir / "search.json", summary)
     result.plots = plot_search(summary, result.search_dir, simulated=summary["simulated"])
@@ -235,13 +237,14 @@ def _bracket(
     start: float,
     max_load: float,
     max_probes: int,
-    stopped: Callable[[], bool],
+    stopped: Callable[[], signal.Signals | None],
 ) -> str | None:
-    """Double from ``start`` until a probe breaks an SLO, or halve until one meets them all;
-    a reason to stop where no bracket can be had, else None."""
+    """Double from ``start`` until a probe breaks an SLO, or halve until one meets them all
+    (``stopped``: the signal that stopped a probe, if one did); a reason to stop where no
+    bracket can be had, else None."""
     first = probe(start)
-    if stopped():
-        return "stopped by Ctrl-C"
+    if (sig := stopped()) is not None:
+        return f"stopped by {sig.name}"
     step = 2.0 if first.passed else 0.5
     load, count = start, 1
     floor = 1.0 if mode == "concurrency" else start / 64
@@ -258,8 +261,8 @@ def _bracket(
         load = float(round(nxt)) if mode == "concurrency" else nxt
         p = probe(load)
         count += 1
-        if stopped():
-            return "stopped by Ctrl-C"
+        if (sig := stopped()) is not None:
+            return f"stopped by {sig.name}"
         if p.passed != first.passed:
             return None
 

@@ -3,13 +3,14 @@
 Each level (a concurrency or an arrival rate) runs ``repeats`` times with seed = seed + r,
 each into its own run directory ``<out_dir>/<level>_r<r>``; the sweep's own files go to
 ``<out_dir>/sweep/``. A run that fails is recorded as failed and the sweep goes on; Ctrl-C
-stops it and the files are still written from the runs that finished.
+(or SIGTERM, SIGHUP) stops it and the files are still written from the runs that finished.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from ..analysis.constraints import validate
 from ..analysis.headline import FIGURES, headline_figures
 from ..analysis.rundir import load_run
 from ..analysis.sweep import Level, SweepResult, levels_of, write_sweep
-from ..errors import RunError
+from ..errors import RunError, stop_signal
 from ..rundir import files
 from ..rundir.manifest import Manifest, RunDirError, slug
 from .config import RunConfig
@@ -44,6 +45,16 @@ def level_config(base: RunConfig, level: Level, repeat: int, out_dir: Path) -> R
         dataset_seed=base.seed if base.dataset_seed is None else base.dataset_seed,
         output_dir=out_dir / f"{level.label}_r{repeat}",
     )
+
+
+STOPPED_BY = "stopped by "  # then the signal's name: an interrupted run's error in raw_runs.csv
+
+
+def stop_code(result: SweepResult) -> int:
+    """A stopped sweep's exit code: 128 + the signal its interrupted run's row names (the
+    result keeps no other trace of it)."""
+    error = next(row["error"] for row in result.runs if row["status"] == "interrupted")
+    return 128 + signal.Signals[error.removeprefix(STOPPED_BY)]
 
 
 def run_row(level: Level, repeat: int, config: RunConfig) -> dict[str, Any]:
@@ -121,8 +132,8 @@ def run_sweep(
                 row["error"] = str(exc)
             except Exception as exc:  # one broken run must not lose a long sweep
                 row["error"] = f"{type(exc).__name__}: {exc}"
-            except KeyboardInterrupt:
-                row["status"], row["error"] = "interrupted", "stopped by Ctrl-C"
+            except KeyboardInterrupt as exc:
+                row["status"], row["error"] = "interrupted", f"{STOPPED_BY}{stop_signal(exc).name}"
                 interrupted = True
             _fill(row, config.output_dir, previous)
             if progress is not None:

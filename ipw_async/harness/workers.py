@@ -103,7 +103,7 @@ def _worker_main(setup: WorkerSetup, conn: Connection) -> None:
     # worker stops (and a coordinator that died closes the pipe, which ends the worker).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    run_loop(_serve(setup, conn))
+    run_loop(_serve(setup, conn), stop_signals=False)
 
 
 async def _serve(setup: WorkerSetup, conn: Connection) -> None:

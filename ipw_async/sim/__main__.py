@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 
 from .._loop import run as run_loop
 from .process import config_from_json
@@ -25,14 +24,12 @@ def main() -> None:
     config = config_from_json(args.config_json)
 
     async def run() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         if args.parent_pid is not None:
             asyncio.get_running_loop().create_task(_orphan_watch(args.parent_pid))
         await serve(config, args.host, args.port)
 
-    with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
+    # the harness stops its simulator with SIGTERM: the simulator's normal end
+    with contextlib.suppress(KeyboardInterrupt):
         run_loop(run())
 
 
