@@ -449,10 +449,12 @@ class _LiveRun:
 
     def _state(self, telemetry: TelemetrySetup, run_dir: Path) -> RunState:
         spec = self.spec
+        # a call source's load is its callers' (a proxy's concurrency is its upstream pool's
+        # size, which no one set out to reach)
         state = RunState(
-            label=spec.label,
+            label=spec.label if self.source is None else self.source.label,
             simulated=self.config.simulated or telemetry.simulated,
-            target_in_flight=spec.concurrency or spec.max_concurrency,
+            target_in_flight=spec.concurrency or spec.max_concurrency if self.source is None else None,
             ramp_to=spec.target if spec.ramp else None,
             ramp_rate=spec.rate is not None,
             planned=self._remaining(),

@@ -18,8 +18,7 @@ from ..errors import RunError
 from ..harness import RunConfig, run_benchmark
 from ..harness.live import Display
 from ..results import RunResult
-from ..state import RunState
-from ..telemetry_agent import is_loopback
+from ..telemetry.http import is_loopback
 from ..workload import Requests, WorkUnit
 from .server import MAX_BODY, MAX_OPEN_TASKS, MAX_TASK_NAME, TASK_HEADER, RecordingProxy
 
@@ -40,26 +39,6 @@ class ProxyCalls:
 
     async def perform(self, unit: WorkUnit, requests: Requests, scheduled_ns: int) -> None:
         raise RuntimeError("a proxy run's calls come from its callers, not from units")
-
-
-class _ProxyView:
-    """A run's display, shown the proxy's load: the calls its callers have in flight. The run
-    gives the display a pool-sized target (the connections the proxy may open upstream), which
-    no one set out to reach."""
-
-    def __init__(self, display: Display, label: str) -> None:
-        self.display = display
-        self.label = label
-
-    async def run(self, state: RunState) -> None:
-        state.label, state.target_in_flight = self.label, None
-        await self.display.run(state)
-
-    def finish(self, result: RunResult) -> None:
-        self.display.finish(result)
-
-    def note(self, message: str) -> None:
-        self.display.note(message)
 
 
 def check_exposure(host: str, token: str | None, insecure: bool, api_key: str | None) -> None:
@@ -106,8 +85,7 @@ async def run_proxy(
     # the pool to the upstream is the run's "concurrency"; nothing is warmed up or scheduled
     config = dataclasses.replace(config, concurrency=max_connections, rate=None, warmup=0, workers="1")
     source = RecordingProxy(host, port, ready, stream_usage, token)
-    view = None if display is None else _ProxyView(display, source.label)
-    return await run_benchmark(config, view, ProxyCalls(), source)
+    return await run_benchmark(config, display, ProxyCalls(), source)
 
 
 __all__ = [
