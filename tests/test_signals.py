@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import polars as pl
+import psutil
 import pytest
 
 from ipw_async import _loop, read_arrow, run_benchmark
@@ -206,7 +207,10 @@ def test_a_background_run_stops_and_finishes_its_directory(
         "--no-dashboard", "-o", run_dir,
     )  # fmt: skip
     _wait_for(lambda: _has_records(run_dir / files.RECORDS), proc, "measuring")
+    children = psutil.Process(proc.pid).children(recursive=True)  # the simulator, the workers
     assert _stop(proc, sig) == 128 + sig, log.read_text()
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive
     stderr = log.read_text()
     assert ("interrupted" if sig == signal.SIGINT else f"stopped by {sig.name}") in stderr
     assert "Traceback" not in stderr
@@ -215,6 +219,7 @@ def test_a_background_run_stops_and_finishes_its_directory(
     records = pl.read_ipc_stream(run_dir / files.RECORDS)
     assert records.height == summary["requests"]["total"] > 0
     assert summary["loss"]["requests_not_recorded"] == 0  # an orderly stop loses nothing
+    assert len((run_dir / files.TRACES).read_text().splitlines()) == records.height
 
 
 def test_a_background_proxy_ends_normally_on_sigterm(tmp_path: Path, start: Start) -> None:
