@@ -132,7 +132,9 @@ STAGES = (
 
 
 def true_effects(engine: EngineConfig) -> str:
-    """The power-model effects (``--power-model``) the simulated device has."""
+    """The power-model effects (``--power-model``) the simulated device has (of its curve: the
+    per-step and per-forward joules of ``graph``, ``rows``, ``forward`` and ``tokens`` have no
+    power-model effect, so ``fit, true effects`` and ``sim model`` do not describe them)."""
     present = {
         "curve": engine.work_exponent != 1.0 or math.isfinite(engine.max_w),
         "step": engine.step_w > 0,
@@ -341,6 +343,14 @@ def effects_label(e: EngineConfig) -> str:
         values.append(f"leak {e.thermal_leak_w:.0f} W τ {e.thermal_tau_s:.0f} s")
     if e.power_limit != ABSENT["power_limit"] or e.max_w != ABSENT["max_w"]:
         values.append(f"cap {e.max_w:.0f} W {e.power_limit}")
+    if e.decode_step_j > 0 or e.decode_row_j > 0:
+        values.append(f"graph {e.decode_step_j:.2f} J + {e.decode_row_j:.3f} J/row")
+    if e.padded_buckets:
+        values.append("padded")
+    if e.prefill_forward_j > 0 or e.prefill_token_j > 0:
+        values.append(f"forward {e.prefill_forward_j:.2f} J + {e.prefill_token_j:.3f} J/token")
+    if e.clocks_up_w > 0:
+        values.append(f"serving +{e.clocks_up_w:.0f} W")
     names = ",".join(effects_of(e)) or "none"
     return f"effects: {names}" + (f" ({', '.join(values)})" if values else "")
 

@@ -12,6 +12,7 @@ import pytest
 from ipw_async import RunConfig, finalize, run_benchmark
 from ipw_async.sim import SimConfig, SimulatorProcess
 from ipw_async.sim.account import known_energy
+from ipw_async.sim.physics import CLASSIC
 
 from .conftest import fast_engine
 
@@ -34,7 +35,11 @@ async def test_the_engine_s_own_steps_split_the_meter_to_its_resolution(tmp_path
     # own steps and physics the meter splits to within its resolution; the steps the run
     # infers come near that, and the run's own attribution is well inside the equal split
     # no jitter: a counter updating up to 2 ms off a 20 ms grid is a floor of its own (6-10%)
-    engine = fast_engine(prefill_budget_tokens=256, record_steps=True, counter_period_ms=20.0, counter_jitter_ms=0.0)
+    # the classic device: the account's physics replays its power curve (not the H100 costs)
+    classic = {k: v for k, v in CLASSIC.items() if k not in {"step_base_ms", "step_per_seq_ms"}}
+    engine = fast_engine(
+        **classic, prefill_budget_tokens=256, record_steps=True, counter_period_ms=20.0, counter_jitter_ms=0.0
+    )
     with SimulatorProcess(SimConfig(engine=engine)) as sim:
         config = RunConfig(
             base_url=sim.base_url,

@@ -1,12 +1,20 @@
 """The simulated device: true power in segments, and what its meters report of it.
 
-The engine sets the device's dynamic power at each step boundary; the device adds its static
-power, which warms with load when ``thermal_leak_w`` is set (a thermal state ``h`` in [0, 1]
-relaxing toward the dynamic power's share of the headroom). Between settings the true power is
-constant, so everything else is analytic per segment: the true energy (the truth), the static
-energy (what the truth shares equally), the heat, and the metered power, a first-order lag of
-the true power with time constant ``meter_lag_ms`` whose integral feeds the counter. The counter
-holds whole mJ and updates on a grid from ``t0`` every ``counter_period_ms``, each update moved
+The engine sets the device's dynamic power at each step's start, with when the step's work
+ends; the device adds its static power, which warms with load when ``thermal_leak_w`` is set (a
+thermal state ``h`` in [0, 1] relaxing toward the dynamic power's share of the headroom), and
+is ``clocks_up_w`` higher while the clocks are up: from the device's start (a server loads its
+weights and captures its graphs at full clocks) and while it works, until it has been idle for
+``clock_down_s``. The delay is 10 s by default so that a run's baseline reads the raised static,
+as the H100 runs' baseline windows did (~124 W against 72.7 W idle): the harness measures it
+from about 1 s after starting the server, for 1 s (``--baseline-s``), and a slow host or a
+longer baseline stays inside 10 s. The run then anchors static where it stays while the run
+serves; a baseline read at idle static would put the clocks' ~51 W into every request's dynamic
+energy. A device idle past the delay drops its clocks, and static falls to idle. Between
+settings the true power is constant, so everything else is analytic per segment: the true
+energy (the truth), the static energy (what the truth shares equally), the heat, and the
+metered power, a first-order lag of the true power with time constant ``meter_lag_ms`` whose
+integral feeds the counter. The counter holds whole mJ and updates on a grid from ``t0`` every ``counter_period_ms``, each update moved
 by a fixed pseudo-random jitter within ``counter_jitter_ms``. A faulty counter
 (``counter_fault``) holds its first value (stuck), or shows an older update's value every tenth
 update (backwards), as counters read by several threads have been seen to.
@@ -57,7 +65,12 @@ class Device:
         self._period = int(period_ms * 1e6)
         # below half a period, so that the k-th update always comes before the (k+1)-th
         self._jitter_ns = min(config.counter_jitter_ms, 0.49 * period_ms) * 1e6
-        first = _Segment(self.t0, 0.0, 0.0, 0.0, config.static_w, 0.0, config.static_w, config.static_w, 0.0)
+        self._clock_down_ns = round(config.clock_down_s * NS)
+        self._worked_ns = self.t0  # when the device last worked: its start counts
+        self._working = False  # the latest segment works until the next setting
+        self._clocks_up = config.clocks_up_w > 0  # the latest segment's static has them up
+        static = config.static_w + config.clocks_up_w
+        first = _Segment(self.t0, 0.0, 0.0, 0.0, static, 0.0, static, static, 0.0)
         self._starts: deque[int] = deque([self.t0])
         self._segments: deque[_Segment] = deque([first])
         self._stuck_mj: int | None = None  # a stuck counter's value: its first read's
@@ -68,11 +81,25 @@ class Device:
         seg = self._segments[i]
         return seg, max(0, t_ns - seg.start) / NS
 
-    def set_power(self, t_ns: int, dynamic_w: float) -> float:
-        """From ``t_ns`` on the device draws its static power plus ``dynamic_w``; returns that
-        static power (held until the next setting)."""
+    def set_power(self, t_ns: int, dynamic_w: float, until_ns: int | None = None) -> float:
+        """From ``t_ns`` on the device draws its static power plus ``dynamic_w``, until
+        ``until_ns`` when given (the step's work done: static alone from then); returns that
+        static power (held until the next setting). It works while it draws dynamic power or
+        until ``until_ns``."""
+        if self._working:
+            self._worked_ns = t_ns
+        working = dynamic_w > 0 or until_ns is not None
+        static_w = self._append(t_ns, dynamic_w, working)
+        self._working = working and until_ns is None
+        if until_ns is not None:
+            self._worked_ns = until_ns
+            self._append(until_ns, 0.0, working=False)
+        return static_w
+
+    def _append(self, t_ns: int, dynamic_w: float, working: bool) -> float:
         cfg = self.config
-        static_w = self.static_at(t_ns)
+        static_w = self.static_at(t_ns, working)
+        self._clocks_up = cfg.clocks_up_w > 0 and self._clocks_up_at(t_ns, working)
         headroom = cfg.max_w - cfg.static_w
         target = min(1.0, max(0.0, dynamic_w / headroom)) if headroom > 0 else 0.0
         seg = _Segment(
@@ -93,6 +120,13 @@ class Device:
             self._segments.popleft()
         return static_w
 
+    def clocks_drop_ns(self) -> int | None:
+        """When the clocks drop if the device stays idle; None while it works, or when they are
+        down already (the engine sets the device again then, so its static power falls)."""
+        if self._working or not self._clocks_up:
+            return None
+        return self._worked_ns + self._clock_down_ns
+
     def energy_at(self, t_ns: int) -> float:
         seg, dt = self._at(t_ns)
         return seg.energy + seg.power * dt
@@ -108,9 +142,15 @@ class Device:
         seg, dt = self._at(t_ns)
         return seg.heat_target + (seg.heat - seg.heat_target) * math.exp(-dt / self._thermal_s)
 
-    def static_at(self, t_ns: int) -> float:
-        """Static power now: cold static plus the leakage of a warm die."""
-        return self.config.static_w + self.config.thermal_leak_w * self.heat_at(t_ns)
+    def static_at(self, t_ns: int, working: bool = False) -> float:
+        """Static power set at ``t_ns``: idle static, plus ``clocks_up_w`` while working or
+        within ``clock_down_s`` of the last work, plus the leakage of a warm die."""
+        cfg = self.config
+        clocks_up = cfg.clocks_up_w if self._clocks_up_at(t_ns, working) else 0.0
+        return cfg.static_w + clocks_up + cfg.thermal_leak_w * self.heat_at(t_ns)
+
+    def _clocks_up_at(self, t_ns: int, working: bool) -> bool:
+        return working or t_ns - self._worked_ns < self._clock_down_ns
 
     def metered_energy_at(self, t_ns: int) -> float:
         """The integral of the power the meter sees (the true energy when it does not lag)."""

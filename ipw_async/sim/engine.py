@@ -1,24 +1,38 @@
 """A continuous-batching inference engine and the device it runs on, both simulated.
 
-Requests queue, join the running batch up to ``max_batch``, and advance in discrete steps.
-A step prefills newly admitted prompts (up to a token budget, chunked) and decodes one token
-for every running sequence; its duration grows with batch size, prefill tokens and (with
-``step_per_context_ms``) the batch's context, so TTFT and per-token time respond to load as on
-a real server.
+Requests queue, take the lowest free of ``max_batch`` slots, and advance in discrete steps. A
+step prefills newly admitted prompts (up to a token budget, chunked: each prompt's chunk a
+forward of its own) and decodes one token for every running sequence; its duration grows with
+the rows decoded, prefill tokens and the KV positions the decoders read, so TTFT and per-token
+time respond to load as on a real server. With ``padded_buckets`` the decode is a CUDA graph
+over padded buckets, as vLLM's: it runs slots 0 to the highest decoding one, padded to a power
+of two, each row at the attention length of the longest context padded to 128, 256, …; padded
+rows take time and energy as real ones, so one decoder in slot 100 costs what 128 do.
 
-The device (:mod:`.device`) draws a static power plus, during a step, ``step_w`` and a dynamic
-power that grows sub-linearly with the step's work: a decoding sequence 1 + κ·context/1000, a
-prompt token ``prefill_work`` × (1 + κp·position/1000). At ``max_w`` it clips, or stretches the
-step. Each request's true energy follows accounting convention v2: an equal share of static
-energy while it is on the server (with nothing on the server the static energy is idle), an
-equal share of the part of every step's dynamic energy that ``step_w`` draws among the requests
-in the step, and its work share of the rest. The device exposes what a GPU would: a
-cumulative counter in whole mJ on a (jittered) grid, instantaneous and 1-second averaged power (both possibly lagging), temperature.
+The device (:mod:`.device`) draws a static power (raised by ``clocks_up_w`` while its clocks
+are up) and, for the step's work, a dynamic energy: the decode graph's (``decode_step_j`` +
+``decode_row_j`` per row + ``decode_row_kv_j`` per row per KV position), each chunk's
+(``prefill_forward_j`` + ``prefill_token_j`` per token + ``prefill_token_kv_j`` per token per
+position the chunk reaches), and power while the step runs: ``step_w`` plus a curve that grows
+sub-linearly with the step's work (a decoding sequence 1 + κ·context/1000, a prompt token
+``prefill_work`` × (1 + κp·position/1000)). At ``max_w`` it clips, or stretches the step. The
+device works for the step's duration and then waits, at static power, for the engine's loop.
 
-By default the device has a cost per step whatever its batch (not yet the H100's per-step energy, padded buckets and prefill forwards),
-a meter that trails the device by 40 ms on a counter grid jittered by 2 ms, and steps that
-stretch at the power limit; the other effects are off (:mod:`.physics`: :data:`ABSENT` turns
-every one off, :func:`drawn_physics` draws them).
+Each request's true energy follows accounting convention v2: an equal share of static energy
+(clocks up or not) while it is on the server (with nothing on the server the static energy is
+idle); of each step's dynamic energy, the decode graph's equally among the requests decoding in
+it, each chunk's (its forward's fixed part too) to the request prefilled, the part ``step_w``
+draws equally among the requests in the step and the curve's by each one's share of its work.
+Clipping or stretching scales every part alike. The device exposes what a GPU would: a
+cumulative counter in whole mJ on a (jittered) grid, instantaneous and 1-second averaged power
+(both possibly lagging), temperature.
+
+By default the engine and device are H100-shaped (:mod:`.physics` says where the numbers come
+from): padded buckets, the per-step, per-row, per-chunk and per-token energies, clocks up while
+serving, a meter that trails the device by 40 ms on a counter grid jittered by 2 ms, and steps
+that stretch at the power limit; the other effects are off (:data:`.physics.ABSENT` turns every
+one off, :func:`.physics.drawn_physics` draws them, :data:`.physics.CLASSIC` is the earlier
+default).
 """
 
 from __future__ import annotations
@@ -29,9 +43,9 @@ import hashlib
 from collections import deque
 from dataclasses import dataclass, field
 
-from .._clock import now_ns
+from .._clock import NS, now_ns
 from .device import Device
-from .physics import MIN_CLOCK, EngineConfig
+from .physics import FIRST_LENGTH_BUCKET, MIN_CLOCK, EngineConfig
 
 IDLE_RESET_S = 0.05  # how often an idle, warm device re-sets its (cooling) static power
 
@@ -45,6 +59,7 @@ class SimRequest:
     prompt: str = ""  # what the prefix cache keys on
     arrived_ns: int = field(default_factory=now_ns)
     cached_tokens: int = 0  # prompt tokens the prefix cache had: never prefilled
+    slot: int = -1  # its KV slot while running
     prefilled: int = 0
     emitted: int = 0
     energy_j: float = 0.0
@@ -92,12 +107,38 @@ Row = tuple[SimRequest, float]  # a decoding sequence in a step: request, work
 StepEntry = tuple[int, int, list[list[object]], list[list[object]], float, float]
 
 
+def bucket(n: int, first: int) -> int:
+    """The smallest of first, 2·first, 4·first, … that holds ``n``."""
+    size = first
+    while size < n:
+        size *= 2
+    return size
+
+
+@dataclass
+class Step:
+    """One planned step: what it computes, how long it takes at full clocks, and the dynamic
+    energy each request in it causes then (convention v2)."""
+
+    prefill: list[Chunk]
+    decode: list[Row]
+    duration: float  # s
+    work: float  # the curve's work units
+    caused: dict[SimRequest, float]  # J
+
+    @property
+    def demanded_w(self) -> float:
+        """The dynamic power the step asks of the device, before its power limit."""
+        return sum(self.caused.values()) / self.duration if self.duration > 0 else 0.0
+
+
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = Device(config)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
+        self._slots: list[SimRequest | None] = [None] * config.max_batch
         self.idle_energy_j = 0.0
         self.finished: dict[str, SimRequest] = {}
         self._idle = True
@@ -134,6 +175,8 @@ class Engine:
         self._finish(request, now_ns())
 
     def _finish(self, request: SimRequest, t_ns: int) -> None:
+        if request.slot >= 0 and self._slots[request.slot] is request:
+            self._slots[request.slot] = None
         if request.finished_ns is None:
             request.finished_ns = t_ns
             self.finished[request.key] = request
@@ -143,20 +186,37 @@ class Engine:
         positions = tokens * first + tokens * (tokens - 1) / 2
         return tokens + self.config.prefill_position_work * positions / 1000
 
-    def _step_plan(self) -> tuple[list[Chunk], list[Row], float, float]:
-        """Admit, then plan one step: (prefill chunks, decoders, duration s, work units)."""
-        cfg = self.config
-        while self.waiting and len(self.running) < cfg.max_batch:
+    def _admit(self) -> None:
+        """Waiting requests, first come first served, into the lowest free slots."""
+        while self.waiting and None in self._slots:
             admitted = self.waiting.popleft()
+            admitted.slot = self._slots.index(None)
+            self._slots[admitted.slot] = admitted
             if self.cache is not None:
                 admitted.cached_tokens = self.cache.cached_tokens(admitted.prompt, admitted.prompt_tokens)
                 admitted.prefilled = admitted.cached_tokens
             self.running.append(admitted)
+
+    def _decode_shape(self, decoders: list[SimRequest], contexts: list[int]) -> tuple[int, int]:
+        """The rows the decode computes and the KV positions they read: padded, slots 0 to the
+        highest decoding one to a power of two, each at the longest context's length bucket."""
+        if not decoders:
+            return 0, 0
+        if not self.config.padded_buckets:
+            return len(decoders), sum(contexts)
+        rows = min(bucket(max(r.slot for r in decoders) + 1, 1), self.config.max_batch)
+        return rows, rows * bucket(max(contexts), FIRST_LENGTH_BUCKET)
+
+    def _step_plan(self) -> Step:
+        """Admit, then plan one step."""
+        cfg = self.config
+        self._admit()
         budget = cfg.prefill_budget_tokens
         prefill: list[Chunk] = []
-        decode: list[Row] = []
+        chunk_j: list[float] = []
+        decoders: list[SimRequest] = []
+        contexts: list[int] = []  # each decoder's tokens of context
         weighted = 0.0  # prompt tokens, weighted by position
-        context = 0  # tokens of context the decoders read
         for r in self.running:
             if r.in_prefill:
                 if budget > 0:
@@ -166,24 +226,63 @@ class Engine:
                     tokens = self._positioned(r.prefilled, chunk)
                     weighted += tokens
                     prefill.append((r, chunk, cfg.prefill_work * tokens))
+                    reach = r.prefilled + chunk
+                    chunk_j.append(
+                        cfg.prefill_forward_j + chunk * (cfg.prefill_token_j + cfg.prefill_token_kv_j * reach)
+                    )
             else:
-                seq_context = r.prompt_tokens + r.emitted
-                context += seq_context
-                decode.append((r, 1.0 + cfg.context_work * seq_context / 1000))
-        seqs = len(decode) + len(prefill)
+                decoders.append(r)
+                contexts.append(r.prompt_tokens + r.emitted)
+        rows, kv = self._decode_shape(decoders, contexts)
+        if cfg.padded_buckets:  # every row of the graph is alike: its decoders share its work
+            decode = [(r, (rows + cfg.context_work * kv / 1000) / len(decoders)) for r in decoders]
+        else:
+            decode = [(r, 1.0 + cfg.context_work * c / 1000) for r, c in zip(decoders, contexts, strict=True)]
         duration = 0.0
         if not cfg.zero_delay:
             duration = (
                 (
                     cfg.step_base_ms
-                    + cfg.step_per_seq_ms * seqs
+                    + cfg.step_per_seq_ms * (rows + len(prefill))
                     + cfg.step_per_prefill_token_ms * weighted
-                    + cfg.step_per_context_ms * context / 1000
+                    + cfg.step_per_context_ms * kv / 1000
                 )
                 / 1000
                 * self._slowdown()
             )
-        return prefill, decode, duration, sum(w for _, w in decode) + cfg.prefill_work * weighted
+        work = sum(w for _, w in decode) + cfg.prefill_work * weighted
+        caused = self._caused(prefill, chunk_j, decode, rows, kv, work, duration)
+        return Step(prefill, decode, duration, work, caused)
+
+    def _caused(
+        self,
+        prefill: list[Chunk],
+        chunk_j: list[float],
+        decode: list[Row],
+        rows: int,
+        kv: int,
+        work: float,
+        duration: float,
+    ) -> dict[SimRequest, float]:
+        """Each request's part of the step's dynamic energy at full clocks (convention v2)."""
+        cfg = self.config
+        caused: dict[SimRequest, float] = {}
+        for (r, _, _), j in zip(prefill, chunk_j, strict=True):
+            caused[r] = caused.get(r, 0.0) + j
+        if decode:
+            graph = cfg.decode_step_j + cfg.decode_row_j * rows + cfg.decode_row_kv_j * kv
+            for r, _ in decode:
+                caused[r] = caused.get(r, 0.0) + graph / len(decode)
+        if work > 0:
+            # a request that decodes and prefills in the step is in it once
+            in_step = list(dict.fromkeys([*(r for r, _ in decode), *(r for r, _, _ in prefill)]))
+            fixed = cfg.step_w * duration / len(in_step)
+            per_work = cfg.dynamic_w * work**cfg.work_exponent * duration / work
+            for r in in_step:
+                caused[r] = caused.get(r, 0.0) + fixed
+            for r, w in [*decode, *((r, w) for r, _, w in prefill)]:
+                caused[r] += per_work * w
+        return caused
 
     def _slowdown(self) -> float:
         """The planted warm-up and level shift: how many times longer a step takes now."""
@@ -196,21 +295,27 @@ class Engine:
             factor *= cfg.slow_after_factor
         return factor
 
-    def _step_power(self, static_w: float, work: float, duration: float) -> tuple[float, float]:
+    def _step_power(self, static_w: float, demanded_w: float, duration: float) -> tuple[float, float]:
         """The step's dynamic power and duration, given the power limit."""
         cfg = self.config
-        if work <= 0:
-            return 0.0, duration
-        demanded = self._demanded(work)
         headroom = cfg.max_w - static_w
-        if demanded <= headroom:
-            return demanded, duration
+        if demanded_w <= headroom:
+            return demanded_w, duration
         if cfg.power_limit == "stretch":
             # Clocks drop until the step fits: dynamic power goes as f·V² with V roughly as f,
             # so as f³, and time as 1/f. Clocks fall to MIN_CLOCK at most; beyond, power clips.
-            clock = max((headroom / demanded) ** (1 / 3), MIN_CLOCK)
+            clock = max((headroom / demanded_w) ** (1 / 3), MIN_CLOCK)
             duration /= clock
         return headroom, duration
+
+    def _idle_wait_s(self, t_ns: int) -> float | None:
+        """How long an idle engine may wait before the device's held static power must be set
+        again (a warm die cooling, the clocks dropping); None: until a request comes."""
+        waits = [IDLE_RESET_S] if self.config.thermal_leak_w > 0 else []
+        drop = self.device.clocks_drop_ns()
+        if drop is not None:
+            waits.append(max(0.0, (drop - t_ns) / NS))
+        return min(waits, default=None)
 
     async def _loop(self) -> None:
         cfg = self.config
@@ -218,36 +323,40 @@ class Engine:
         while True:
             if not self.running and not self.waiting:
                 t = now_ns()
-                self._settle(t, [], [], [], 0.0)
+                self._settle(t, [])
                 device.set_power(t, 0.0)
                 self._idle = True
                 self._wake.clear()
-                if cfg.thermal_leak_w > 0:  # static power is held per segment: re-set it as the die cools
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), IDLE_RESET_S)
-                else:
+                wait = self._idle_wait_s(t)
+                if wait is None:
                     await self._wake.wait()
-                self._settle(now_ns(), [], [], [], 0.0)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), wait)
+                self._settle(now_ns(), [])
                 self._idle = False
                 continue
-            prefill, decode, duration, work = self._step_plan()
+            step = self._step_plan()
             start = now_ns()
             on_server = [*self.running, *self.waiting]
-            self._settle(start, on_server, [], [], 0.0)
-            static_w = device.static_at(start)
-            dynamic_w, duration = self._step_power(static_w, work, duration)
-            device.set_power(start, dynamic_w)
+            self._settle(start, on_server)
+            dynamic_w, duration = self._step_power(
+                device.static_at(start, working=True), step.demanded_w, step.duration
+            )
+            # the device works for the step's duration, then waits at static power for this
+            # loop to wake: a late wake-up costs no dynamic energy, so the step's is exact
+            worked = start + round(duration * NS)
+            static_w = device.set_power(start, dynamic_w, until_ns=worked)
             await asyncio.sleep(duration)
-            end = now_ns()
+            end = max(now_ns(), worked)  # a timer may fire a hair early: the whole step is in
             self.steps += 1
-            self._settle(end, on_server, prefill, decode, work, self._fixed_share(work))
-            device.set_power(end, 0.0)
+            self._settle(end, on_server, step.caused)
             if cfg.record_steps:
-                chunks: list[list[object]] = [[r.key, c, w] for r, c, w in prefill]
-                rows: list[list[object]] = [[r.key, w] for r, w in decode]
-                self.step_log.append((start, end, chunks, rows, work, static_w))
-            emitting = [r for r, _ in decode]
-            for r, chunk, _ in prefill:
+                chunks: list[list[object]] = [[r.key, c, w] for r, c, w in step.prefill]
+                rows: list[list[object]] = [[r.key, w] for r, w in step.decode]
+                self.step_log.append((start, worked, chunks, rows, step.work, static_w))
+            emitting = [r for r, _ in step.decode]
+            for r, chunk, _ in step.prefill:
                 r.prefilled += chunk
                 if not r.in_prefill:  # the step that completes a prompt also yields its first token
                     emitting.append(r)
@@ -264,30 +373,15 @@ class Engine:
                     self.running.remove(r)
                     self._finish(r, end)
 
-    def _demanded(self, work: float) -> float:
-        """The dynamic power a step of this work asks of the device, before its power limit."""
-        cfg = self.config
-        return cfg.step_w + cfg.dynamic_w * work**cfg.work_exponent
-
-    def _fixed_share(self, work: float) -> float:
-        """The share of a step's dynamic energy its per-step power draws (the rest grows with
-        work): the same share at a clipped or stretched limit, which scales both alike."""
-        return self.config.step_w / self._demanded(work) if work > 0 else 0.0
-
     def _settle(
-        self,
-        t_ns: int,
-        on_server: list[SimRequest],
-        prefill: list[Chunk],
-        decode: list[Row],
-        work: float,
-        fixed: float = 0.0,
+        self, t_ns: int, on_server: list[SimRequest], caused: dict[SimRequest, float] | None = None
     ) -> None:
         """Charge the device's true energy since the last settlement, so the truth adds up exactly.
 
-        Static energy (as warm as the device is) goes equally to the requests on the server
-        (idle when none); of the step's dynamic energy, the ``fixed`` share equally to the
-        requests in the step and the rest by each one's share of its work (convention v2).
+        Static energy (clocks up or not, as warm as the device is) goes equally to the requests
+        on the server (idle when none); a step's dynamic energy in proportion to what each
+        request ``caused`` of it at full clocks (convention v2; the power limit scales every
+        part alike).
         """
         energy = self.device.energy_at(t_ns)
         static_j = self.device.static_energy_at(t_ns)
@@ -303,18 +397,10 @@ class Engine:
                 r.energy_j += share
         else:
             self.idle_energy_j += static
-        if work > 0:
-            in_step = list(
-                {id(r): r for r in [*(r for r, _ in decode), *(r for r, _, _ in prefill)]}.values()
-            )
-            # a request that decodes and prefills in the step is in it once
-            for r in in_step:
-                r.energy_j += fixed * dynamic / len(in_step)
-            per_work = (1.0 - fixed) * dynamic / work
-            for r, w in decode:
-                r.energy_j += per_work * w
-            for r, _, w in prefill:
-                r.energy_j += per_work * w
+        total = sum(caused.values()) if caused else 0.0
+        if caused and total > 0:
+            for r, j in caused.items():
+                r.energy_j += dynamic * j / total
         elif on_server:
             for r in on_server:
                 r.energy_j += dynamic / len(on_server)
@@ -326,12 +412,14 @@ class Engine:
 
         ``total_j`` is the device's true energy; ``metered_total_j`` what its (lagging) meter
         integrated by then. With ``record_steps``, ``steps`` lists each engine step as
-        ``(start_ns, end_ns, chunks, decoders, work, static_w)``: ``chunks`` as ``[request key,
-        prompt tokens in the chunk, the chunk's work]``, ``decoders`` as ``[request key, its
-        decode work]``, ``work`` the step's total and ``static_w`` the static power during it.
+        ``(start_ns, end_ns, chunks, decoders, work, static_w)``: ``end_ns`` when the device
+        finished its work (its tokens stream when the engine's loop wakes, a little later),
+        ``chunks`` as ``[request key, prompt tokens in the chunk, the chunk's work]``,
+        ``decoders`` as ``[request key, its decode work]`` (padded: the graph's work shared
+        equally), ``work`` the step's total and ``static_w`` the static power during it.
         """
         if self._idle:
-            self._settle(now_ns(), [], [], [], 0.0)
+            self._settle(now_ns(), [])
         return {
             "requests": {k: r.energy_j for k, r in self.finished.items()},
             "idle_j": self.idle_energy_j,

@@ -1,6 +1,25 @@
 """The simulated server's physics: the engine's step times and the device's power, static,
 meter and limits (:class:`EngineConfig`), the effects a real device has, and random draws of
-them for testing attribution over a family of devices."""
+them for testing attribution over a family of devices.
+
+The default device is H100-shaped, from a steady-state probe of an 8B-shaped model (CUDA graphs
+over padded decode buckets, chunked eager prefill) on one H100 80GB
+(``shared/traces/h100-8b-graphs/physics.json``). Dynamic energy, above the probe's 72.7 W idle,
+is 2.225 J per decode step + 0.01277 J per padded row + 2.249e-5 J per padded row per KV
+position, and 0.841 J per prefill chunk + 0.01368 J per prompt token + 1.02e-6 J per token per
+position the chunk reaches. Step times are least-squares fits to the same probe and GPU-bound
+(the probe's server was host-bound in prefill; the simulator is not): 8.0 ms + 0.014 ms per
+padded row + 0.046 ms per 1000 KV positions over the padded batch (8.0 ms at one row of 512
+positions and 21.9 ms at 128 × 2048, against the probe's 7.6 and 21.8 ms), and 0.021 ms per
+prompt token (a 512-token chunk alone 18.8 ms, 2,048 tokens 51 ms, against 16.7 and 55 ms).
+Idle static is 72.7 W; with the clocks up, while serving, it is 124 W, what the H100 runs'
+baseline windows read (123.5–125.5 W, SM at 1980 MHz); the runs' fits of their meters found
+that static with the probe's dynamic costs at 0.9–1.35 times their value. Taken together the
+two count the clocks' ~51 W twice in a step's power, and a step here is a little shorter than
+the probe's: a full 2,048-token prefill step asks ~775 W and stretches 4% at the 700 W limit
+(the probe's drew 677 W). The power-law curve and per-step power of earlier versions are off
+by default (:data:`CLASSIC` is that device).
+"""
 
 from __future__ import annotations
 
@@ -14,19 +33,26 @@ TELEMETRY_KINDS = ("counter", "power", "avg-power")
 COUNTER_FAULTS = ("none", "stuck", "backwards")
 POWER_LIMITS = ("clip", "stretch")
 MIN_CLOCK = 0.4  # the least share of its clock a device at its power limit drops to (~800 of 1980 MHz)
+FIRST_LENGTH_BUCKET = 128  # the shortest attention length a padded decode graph runs
 
 
 @dataclass
 class EngineConfig:
-    max_batch: int = field(default=128, metadata=option("Most sequences decoded together in one step."))
+    max_batch: int = field(
+        default=128,
+        metadata=option("Most sequences decoded together in one step (the engine's KV slots)."),
+    )
     step_base_ms: float = field(
-        default=14.0, metadata=option("Duration of an engine step with an empty batch.")
+        default=8.0, metadata=option("Duration of an engine step with an empty batch.")
     )
     step_per_seq_ms: float = field(
-        default=0.12, metadata=option("Extra step time per sequence in the batch.")
+        default=0.014,
+        metadata=option(
+            "Extra step time per sequence in the batch (per padded row with --padded-buckets)."
+        ),
     )
     step_per_prefill_token_ms: float = field(
-        default=0.03, metadata=option("Extra step time per prompt token prefilled.")
+        default=0.021, metadata=option("Extra step time per prompt token prefilled.")
     )
     prefill_budget_tokens: int = field(
         default=2048,
@@ -35,10 +61,52 @@ class EngineConfig:
     zero_delay: bool = field(
         default=False, metadata=option("Steps take no time: measure the client, not the model.")
     )
+    padded_buckets: bool = field(
+        default=True,
+        metadata=option(
+            "Decode as a CUDA graph over padded buckets: requests take the lowest free slot, and "
+            "a step runs slots 0 to the highest decoding one, padded to a power of two (at most "
+            "--max-batch), at an attention length padded to 128, 256, … by the longest context. "
+            "Padded rows cost work, energy and time as real ones."
+        ),
+    )
     # device
-    static_w: float = field(default=70.0, metadata=option("Device idle (static) power in watts."))
+    static_w: float = field(default=72.7, metadata=option("Device idle (static) power in watts."))
+    clocks_up_w: float = field(
+        default=51.3,
+        metadata=option(
+            "Static power added while the device's clocks are up: from the server's start or "
+            "its last step until --clock-down-s idle (0: static is idle static throughout)."
+        ),
+    )
+    clock_down_s: float = field(
+        default=10.0, metadata=option("Seconds idle after which the clocks drop to idle static.")
+    )
+    decode_step_j: float = field(
+        default=2.225, metadata=option("Dynamic energy of a decode step, whatever its batch, J.")
+    )
+    decode_row_j: float = field(
+        default=0.01277, metadata=option("Dynamic energy per decode row (padded row), J.")
+    )
+    decode_row_kv_j: float = field(
+        default=2.249e-5,
+        metadata=option("Dynamic energy per decode row (padded row) per KV position it reads, J."),
+    )
+    prefill_forward_j: float = field(
+        default=0.841,
+        metadata=option("Dynamic energy of each prompt chunk's forward pass, whatever its size, J."),
+    )
+    prefill_token_j: float = field(
+        default=0.01368, metadata=option("Dynamic energy per prompt token prefilled, J.")
+    )
+    prefill_token_kv_j: float = field(
+        default=1.02e-6,
+        metadata=option(
+            "Dynamic energy per prompt token per position its chunk reaches (tokens × end), J."
+        ),
+    )
     dynamic_w: float = field(
-        default=28.0, metadata=option("Dynamic power of one decoding sequence in watts.")
+        default=0.0, metadata=option("Dynamic power of one decoding sequence in watts (the curve).")
     )
     work_exponent: float = field(
         default=0.6, metadata=option("Dynamic power grows as work ** this (sub-linear).")
@@ -55,7 +123,7 @@ class EngineConfig:
         ),
     )
     step_w: float = field(
-        default=60.0,
+        default=0.0,
         metadata=option("Power drawn while any step runs, whatever its batch (weight streaming, launches)."),
     )
     context_work: float = field(
@@ -63,7 +131,11 @@ class EngineConfig:
         metadata=option("Extra work of a decoding sequence per 1000 tokens of its context (KV cache reads)."),
     )
     step_per_context_ms: float = field(
-        default=0.0, metadata=option("Extra step time per 1000 tokens of context across the batch.")
+        default=0.046,
+        metadata=option(
+            "Extra step time per 1000 tokens of context across the batch (the padded batch at "
+            "its padded length with --padded-buckets)."
+        ),
     )
     prefill_position_work: float = field(
         default=0.0,
@@ -152,20 +224,43 @@ class EngineConfig:
             raise ValueError(
                 f"--power-limit must be one of {', '.join(POWER_LIMITS)}, not {self.power_limit!r}"
             )
-        if self.max_w <= self.static_w + self.thermal_leak_w:
+        if self.max_w <= self.static_w + self.thermal_leak_w + self.clocks_up_w:
             raise ValueError(
-                f"--max-w ({self.max_w:g} W) must exceed the warm static power "
-                f"({self.static_w:g} + {self.thermal_leak_w:g} W)"
+                f"--max-w ({self.max_w:g} W) must exceed the warm static power with the clocks up "
+                f"({self.static_w:g} + {self.thermal_leak_w:g} + {self.clocks_up_w:g} W)"
             )
         if self.thermal_tau_s <= 0:
             raise ValueError("--thermal-tau-s must be positive")
-        negative = [name for name in _EFFECT_AMOUNTS if getattr(self, name) < 0]
+        negative = [name for name in (*_EFFECT_AMOUNTS, "clock_down_s") if getattr(self, name) < 0]
         if negative:
             raise ValueError(f"cannot be negative: {', '.join(negative)}")
 
 
-# every effect field at its absent value: the device as it was before they existed
-ABSENT: dict[str, object] = {
+# The default device before it was H100-shaped (ipw-async 0.3): static plus a power-law curve in
+# the step's work and a per-step power, longer steps, no padding, no per-step or per-chunk energy.
+CLASSIC: dict[str, object] = {
+    "step_base_ms": 14.0,
+    "step_per_seq_ms": 0.12,
+    "step_per_prefill_token_ms": 0.03,
+    "step_per_context_ms": 0.0,
+    "padded_buckets": False,
+    "static_w": 70.0,
+    "clocks_up_w": 0.0,
+    "decode_step_j": 0.0,
+    "decode_row_j": 0.0,
+    "decode_row_kv_j": 0.0,
+    "prefill_forward_j": 0.0,
+    "prefill_token_j": 0.0,
+    "prefill_token_kv_j": 0.0,
+    "dynamic_w": 28.0,
+    "work_exponent": 0.6,
+    "prefill_work": 0.3,
+    "step_w": 60.0,
+}
+
+# every effect field at its absent value, over the classic device: the device as it was before
+# any effect existed (its curve, static and step times), whatever the default device has
+ABSENT: dict[str, object] = CLASSIC | {
     "step_w": 0.0,
     "context_work": 0.0,
     "step_per_context_ms": 0.0,
@@ -185,9 +280,16 @@ _EFFECT_AMOUNTS = (
     "meter_lag_ms",
     "counter_jitter_ms",
     "thermal_leak_w",
+    "decode_step_j",
+    "decode_row_j",
+    "decode_row_kv_j",
+    "prefill_forward_j",
+    "prefill_token_j",
+    "prefill_token_kv_j",
+    "clocks_up_w",
 )
 
-# one representative setting per effect, each within drawn_physics' ranges
+# one representative setting per effect, each within drawn_physics' ranges (the H100's values)
 EFFECTS: dict[str, dict[str, object]] = {
     "step": {"step_w": 60.0},
     "context": {"context_work": 0.3, "step_per_context_ms": 0.02},
@@ -196,6 +298,12 @@ EFFECTS: dict[str, dict[str, object]] = {
     "jitter": {"counter_jitter_ms": 2.0},
     "thermal": {"thermal_leak_w": 30.0, "thermal_tau_s": 20.0},
     "stretch": {"max_w": 300.0, "power_limit": "stretch"},
+    "graph": {"decode_step_j": 2.225},
+    "rows": {"decode_row_j": 0.01277, "decode_row_kv_j": 2.249e-5},
+    "padded": {"padded_buckets": True},
+    "forward": {"prefill_forward_j": 0.841},
+    "tokens": {"prefill_token_j": 0.01368, "prefill_token_kv_j": 1.02e-6},
+    "serving": {"clocks_up_w": 51.3},
 }
 
 
@@ -209,6 +317,12 @@ def effects_of(config: EngineConfig) -> list[str]:
         "jitter": config.counter_jitter_ms > 0,
         "thermal": config.thermal_leak_w > 0,
         "stretch": config.power_limit == "stretch",
+        "graph": config.decode_step_j > 0,
+        "rows": config.decode_row_j > 0 or config.decode_row_kv_j > 0,
+        "padded": config.padded_buckets,
+        "forward": config.prefill_forward_j > 0,
+        "tokens": config.prefill_token_j > 0 or config.prefill_token_kv_j > 0,
+        "serving": config.clocks_up_w > 0,
     }
     return [name for name in EFFECTS if present[name]]
 
@@ -216,7 +330,9 @@ def effects_of(config: EngineConfig) -> list[str]:
 def drawn_physics(seed: int, *, effects: bool = True, **fixed: object) -> EngineConfig:
     """A server and device drawn at random from ``seed``: the simulator as a family, so an
     attribution rule is tested over a family of physics. Each real-device effect is
-    present in about 60% of draws (none with ``effects=False``). ``fixed`` pins fields."""
+    present in about 60% of draws, the H100's (per-step, per-row, per-chunk and per-token
+    energy, padded buckets, the serving static) in about half (none with ``effects=False``).
+    ``fixed`` pins fields."""
     rng = random.Random(seed)
 
     def log_uniform(low: float, high: float, rng: random.Random = rng) -> float:
@@ -236,8 +352,10 @@ def drawn_physics(seed: int, *, effects: bool = True, **fixed: object) -> Engine
         "prefix_cache": rng.random() < 0.5,
     }
     if effects:
-        # a stream of its own, so the draws above stay what they were before effects existed
+        # streams of their own, so the draws above (and the first effects' below) stay what
+        # they were before each family of effects existed
         fx = random.Random(seed + 1_000_003)
+        h100 = random.Random(seed + 2_000_003)
         period = float(fixed.get("counter_period_ms", drawn["counter_period_ms"]))  # type: ignore[arg-type]
         static = float(fixed.get("static_w", drawn["static_w"]))  # type: ignore[arg-type]
         if fx.random() < 0.6:
@@ -254,7 +372,21 @@ def drawn_physics(seed: int, *, effects: bool = True, **fixed: object) -> Engine
         if fx.random() < 0.6:
             drawn["thermal_leak_w"] = fx.uniform(5.0, 60.0)
             drawn["thermal_tau_s"] = fx.uniform(5.0, 60.0)
+        if h100.random() < 0.5:
+            drawn["decode_step_j"] = log_uniform(0.5, 4.0, h100)
+        if h100.random() < 0.5:
+            drawn["decode_row_j"] = log_uniform(0.005, 0.03, h100)
+            drawn["decode_row_kv_j"] = log_uniform(0.5e-5, 5e-5, h100)
+        drawn["padded_buckets"] = h100.random() < 0.5
+        if h100.random() < 0.5:
+            drawn["prefill_forward_j"] = log_uniform(0.2, 2.0, h100)
+        if h100.random() < 0.5:
+            drawn["prefill_token_j"] = log_uniform(0.005, 0.03, h100)
+            drawn["prefill_token_kv_j"] = log_uniform(0.3e-6, 3e-6, h100)
+        if h100.random() < 0.5:
+            drawn["clocks_up_w"] = static * h100.uniform(0.0, 0.8)  # serving static 1.0–1.8 × idle
+        serving = float(fixed.get("clocks_up_w", drawn["clocks_up_w"]))  # type: ignore[arg-type]
         if fx.random() < 0.5:
-            drawn["max_w"] = static + fx.uniform(150.0, 600.0)
+            drawn["max_w"] = static + serving + fx.uniform(150.0, 600.0)
             drawn["power_limit"] = "stretch" if fx.random() < 0.5 else "clip"
     return EngineConfig(**(drawn | fixed))  # type: ignore[arg-type]
