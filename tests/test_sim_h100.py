@@ -20,7 +20,7 @@ from ipw_async.sim.engine import Engine, SimRequest
 from ipw_async.sim.physics import ABSENT, CLASSIC, EFFECTS, effects_of
 
 from .conftest import quick_config
-from .test_sim import replayed_dynamic_j
+from .test_sim import _request, _serve, replayed_dynamic_j
 
 # live engines run in real time: no other test beside them
 pytestmark = pytest.mark.timing
@@ -39,10 +39,6 @@ def chunk_j(config: EngineConfig, tokens: int, end: int) -> float:
     return config.prefill_forward_j + tokens * (config.prefill_token_j + config.prefill_token_kv_j * end)
 
 
-def _request(key: str, prompt_tokens: int, output_tokens: int) -> SimRequest:
-    return SimRequest(key, prompt_tokens, ["x"] * output_tokens, "length")
-
-
 def _decoding(engine: Engine, key: str, slot: int, context: int) -> SimRequest:
     """A request already prefilled, its first token out, in ``slot``: it decodes next step."""
     r = _request(key, context - 1, 100)
@@ -50,16 +46,6 @@ def _decoding(engine: Engine, key: str, slot: int, context: int) -> SimRequest:
     engine._slots[slot] = r
     engine.running.append(r)
     return r
-
-
-async def _serve(engine: Engine, *requests: SimRequest) -> None:
-    async def drain(r: SimRequest) -> None:
-        while await r.out.get() is not None:
-            pass
-
-    for r in requests:
-        engine.submit(r)
-    await asyncio.gather(*(drain(r) for r in requests))
 
 
 # --- the default is the probe's H100 (shared/traces/h100-8b-graphs/physics.json) ---
