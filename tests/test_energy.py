@@ -294,7 +294,7 @@ schedules = st.lists(
 )
 
 
-@settings(max_examples=25, deadline=None)  # each draw fits the power model: ~0.8 s
+@settings(max_examples=15, deadline=None)  # each draw fits the power model: ~0.8 s
 @given(
     windows=schedules,
     rule=st.sampled_from(["steps", "tokens", "fitted", "equal"]),

@@ -237,6 +237,7 @@ def test_a_background_proxy_ends_normally_on_sigterm(tmp_path: Path, start: Star
     assert pl.read_ipc_stream(run_dir / files.RECORDS)["status"].to_list() == ["ok"]
 
 
+@pytest.mark.slow  # each command's own stop path is the run's (above); the whole suite's 15 min are tight
 def test_a_background_sweep_stops_on_sigterm_and_writes_what_it_has(tmp_path: Path, start: Start) -> None:
     out, log = tmp_path / "sweep", tmp_path / "stderr.log"
     proc = start(log, "sweep", "-c", "1,2", "-n", "5000", "--baseline-s", "0", "-o", out, "-q")
@@ -248,6 +249,7 @@ def test_a_background_sweep_stops_on_sigterm_and_writes_what_it_has(tmp_path: Pa
     assert json.loads((out / "c1_r0" / files.SUMMARY).read_text())["complete"] is False
 
 
+@pytest.mark.slow  # each command's own stop path is the run's (above); the whole suite's 15 min are tight
 def test_a_background_search_stops_on_sighup_and_writes_what_it_has(tmp_path: Path, start: Start) -> None:
     out, log = tmp_path / "search", tmp_path / "stderr.log"
     proc = start(log, "search", "--slo", "ttft_p99=10s", "-o", out, "-n", "5000", "--baseline-s", "0")
