@@ -209,13 +209,23 @@ def test_an_otlp_endpoints_secret_stays_out_of_the_export_error(tmp_path: Path) 
     assert "SECRET-OTEL" not in str(caught.value)
 
 
-def test_a_resumed_run_takes_a_redacted_url_from_the_command_or_stops(tmp_path: Path) -> None:
+def test_a_resumed_run_asks_again_for_every_secret_run_json_kept_out(tmp_path: Path) -> None:
     from ipw_async.errors import RunError
     from ipw_async.harness.resume import _own_config
 
-    saved = RunConfig(base_url="http://gpu:8000/v1?api-key=SECRET", max_queries=7).public()
+    secrets = {
+        "base_url": "http://gpu:8000/v1?api-key=SECRET-1",
+        "api_key": "sk-SECRET-2",
+        "prometheus_url": ["http://dcgm:SECRET-3@gpu:9400/metrics"],
+    }
+    saved = RunConfig(**secrets, telemetry_url=["http://gpu:9180"], max_queries=7).public()  # type: ignore[arg-type]
     assert "SECRET" not in json.dumps(saved, default=str)
-    with pytest.raises(RunError, match="give it again with --base-url"):
-        _own_config(saved, RunConfig(), tmp_path)
-    again = _own_config(saved, RunConfig(base_url="http://gpu:8000/v1?api-key=SECRET"), tmp_path)
-    assert again.base_url == "http://gpu:8000/v1?api-key=SECRET" and again.max_queries == 7
+    assert saved["withheld"] == ["base_url", "api_key", "prometheus_url"]  # by field, not by a mark
+    assert saved["telemetry_url"] == ["http://gpu:9180"]  # nothing secret: kept whole
+    for name in secrets:  # each one left out of the resuming command stops it, naming its flag
+        given = RunConfig(**{k: v for k, v in secrets.items() if k != name})  # type: ignore[arg-type]
+        with pytest.raises(RunError, match=f"give it again with --{name.replace('_', '-')}"):
+            _own_config(saved, given, tmp_path)
+    again = _own_config(saved, RunConfig(**secrets), tmp_path)  # type: ignore[arg-type]
+    assert {k: getattr(again, k) for k in secrets} == secrets
+    assert again.max_queries == 7 and again.telemetry_url == ["http://gpu:9180"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,29 @@ def _gpu_list(text: str | None) -> list[str] | None:
     return [g.strip() for g in text.split(",") if g.strip()] if text else None
 
 
+def _never(value: Any) -> None:
+    return None
+
+
+def _url(url: str | None) -> str | None:
+    return None if url is None else redact_url(url)
+
+
+def _urls(urls: list[str]) -> list[str]:
+    return [redact_url(u) for u in urls]
+
+
+def _mcp(specs: list[str]) -> list[str]:
+    return [written(s) for s in specs]
+
+
+def kept_as(write: Callable[[Any], Any]) -> dict[str, Any]:
+    """Field metadata for a field that can hold a secret: ``run.json`` keeps only what ``write``
+    makes of its value (nothing, for ``_never``); a value it changed is listed in ``withheld``,
+    and a resumed run asks for that field again."""
+    return {"kept_as": write}
+
+
 @dataclass
 class RunConfig:
     """One benchmark run. The run's ``seed`` seeds arrivals, synthetic data and the simulator."""
@@ -76,7 +100,8 @@ class RunConfig:
         metadata=option(
             "OpenAI-compatible API base, e.g. http://localhost:8000/v1. Omit to start the built-in simulator.",
             panel=TARGET,
-        ),
+        )
+        | kept_as(_url),
     )
     model: str | None = field(
         default=None,
@@ -97,7 +122,8 @@ class RunConfig:
             parse=lambda key: key or None,
             show_default=False,
             panel=TARGET,
-        ),
+        )
+        | kept_as(_never),
     )
     dataset: str = field(
         default="qa",
@@ -152,7 +178,8 @@ class RunConfig:
             cli_type=list[str] | None,
             parse=lambda specs: list(specs or []),
             panel=WORKLOAD,
-        ),
+        )
+        | kept_as(_mcp),
     )
     tool_timeout: float = field(
         default=30.0,
@@ -327,7 +354,8 @@ class RunConfig:
             cli_type=list[str] | None,
             parse=lambda urls: list(urls or []),
             panel=TELEMETRY,
-        ),
+        )
+        | kept_as(_urls),
     )
     prometheus_url: list[str] = field(
         default_factory=list,
@@ -338,7 +366,8 @@ class RunConfig:
             cli_type=list[str] | None,
             parse=lambda urls: list(urls or []),
             panel=TELEMETRY,
-        ),
+        )
+        | kept_as(_urls),
     )
     telemetry_token_file: Path | None = field(
         default=None,
@@ -574,15 +603,21 @@ class RunConfig:
         return parse_price(self.price)
 
     def public(self) -> dict[str, Any]:
-        """The config as written to run.json and summary.json: never the API key, nor a secret
-        in a URL (:func:`redact_url`) or in an MCP server's command or URL (:func:`written`)."""
+        """The config as written to run.json and summary.json. A field that can hold a secret
+        is written as its ``kept_as`` makes it (never the API key; a URL without its password
+        or secret query; an MCP server without its secret options), and ``withheld`` names each
+        field whose value lost something: ``--resume`` asks for those again."""
         out = dataclasses.asdict(self)
-        out.pop("api_key")
+        withheld = []
+        for f in dataclasses.fields(self):
+            if "kept_as" in f.metadata:
+                value = getattr(self, f.name)
+                out[f.name] = f.metadata["kept_as"](value)
+                if out[f.name] != value:
+                    withheld.append(f.name)
+        del out["api_key"]
         out["api_key_set"] = self.api_key is not None
-        out["telemetry_url"] = [redact_url(u) for u in self.telemetry_url]
-        out["prometheus_url"] = [redact_url(u) for u in self.prometheus_url]
-        out["mcp"] = [written(s) for s in self.mcp]
-        out["base_url"] = None if self.base_url is None else redact_url(self.base_url)
+        out["withheld"] = withheld
         if self.base_url is None:
             out["sim"] = dataclasses.asdict(self.sim_config())
         else:

@@ -20,7 +20,7 @@ import polars as pl
 from ..errors import RunError
 from ..rundir import files
 from ..rundir.manifest import Manifest, RunDirError, boot_id
-from ..rundir.read import read_records, read_tasks
+from ..rundir.read import RunDir
 from ..sim.process import config_from_json
 from ..telemetry.http import REDACTED
 from ..workload.mcp_tools import redacted
@@ -44,9 +44,9 @@ class Resume:
         return set(self.done_units) - warm
 
 
-def _finished_units(records: pl.DataFrame, run_dir: Path) -> set[int]:
-    if (run_dir / files.TASKS).is_file() or records.get_column("task_id").drop_nulls().len():
-        return {t["task_id"] for t in read_tasks(run_dir) if t["outcome"] != "cancelled"}
+def _finished_units(records: pl.DataFrame, run: RunDir) -> set[int]:
+    if (run.path / files.TASKS).is_file() or records.get_column("task_id").drop_nulls().len():
+        return {t["task_id"] for t in run.tasks if t["outcome"] != "cancelled"}
     ended = records.filter(pl.col("status") != "cancelled")
     return set(ended.get_column("unit_id").to_list())
 
@@ -57,8 +57,10 @@ def resume_from(config: RunConfig) -> tuple[RunConfig, Resume]:
     assert config.resume is not None
     run_dir = Path(config.resume)
     try:
-        manifest = Manifest.read(run_dir)
-        records = read_records(run_dir, partial_ok=True)
+        run = RunDir.open(run_dir)
+        manifest = run.require_manifest()
+        records = run.measured_records(partial_ok=True)
+        telemetry = run.measured_telemetry(partial_ok=True)
     except RunDirError as exc:
         raise RunError(f"cannot resume: {exc}") from None
     if manifest.end is not None and manifest.end.get("complete"):
@@ -70,13 +72,8 @@ def resume_from(config: RunConfig) -> tuple[RunConfig, Resume]:
         )
     if records.height and records.get_column("unit_id").null_count() == records.height:
         raise RunError(f"{run_dir} was written by an ipw-async older than 0.3, which cannot resume it")
-    done = _finished_units(records, run_dir)
+    done = _finished_units(records, run)
     kept = records.filter(pl.col("unit_id").is_in(list(done)))
-    telemetry = (
-        files.read_arrow(run_dir / files.TELEMETRY, partial_ok=True)
-        if (run_dir / files.TELEMETRY).is_file()
-        else None
-    )
     resume = Resume(
         run_dir=run_dir,
         manifest=manifest,
@@ -93,33 +90,18 @@ def resume_from(config: RunConfig) -> tuple[RunConfig, Resume]:
 
 
 def _own_config(saved: dict[str, Any], given: RunConfig, run_dir: Path) -> RunConfig:
-    names = {f.name for f in dataclasses.fields(RunConfig)} - {
-        "api_key",
-        "sim",
-        "resume",
-        "output_dir",
-        "runs_root",
-    }
+    names = {f.name for f in dataclasses.fields(RunConfig)} - {"api_key", "sim", "resume", "output_dir", "runs_root"}
     values = {k: v for k, v in saved.items() if k in names}
-    if given.mcp:  # the servers again, with the secrets run.json does not keep
-        values["mcp"] = list(given.mcp)
-    elif redacted(values.get("mcp") or []):
-        raise RunError(
-            f"{run_dir} used MCP servers whose secrets run.json does not keep "
-            f"({', '.join(values['mcp'])}): give them again with --mcp when resuming"
-        )
-    for name in ("base_url", "telemetry_url", "prometheus_url"):
-        # run.json keeps these redacted: the secrets come from this command, or the run stops
-        urls = values.get(name)
-        if not any(REDACTED in u for u in ([urls] if isinstance(urls, str) else urls or [])):
-            continue
-        if getattr(given, name):
-            values[name] = getattr(given, name)
-        else:
+    for name in _withheld(saved):  # what run.json kept out comes from this command, or the run stops
+        if not getattr(given, name):
             flag = "--" + name.replace("_", "-")
+            also = " (or OPENAI_API_KEY)" if name == "api_key" else ""
             raise RunError(
-                f"{run_dir} used {flag} with a secret run.json does not keep: give it again with {flag} when resuming"
+                f"{run_dir} used {flag} with a secret run.json does not keep: give it again with {flag}{also} "
+                "when resuming"
             )
+        if name in names:  # the API key is always this command's
+            values[name] = getattr(given, name)
     sim = config_from_json(json.dumps(saved["sim"])) if "sim" in saved else given.sim
     return RunConfig(
         **values,
@@ -129,6 +111,15 @@ def _own_config(saved: dict[str, Any], given: RunConfig, run_dir: Path) -> RunCo
         runs_root=Path(saved.get("runs_root", "runs")),
         resume=run_dir,
     )
+
+
+def _withheld(saved: dict[str, Any]) -> list[str]:
+    """The fields whose secrets run.json did not keep; for a run written before it said so
+    (ipw-async < 0.4), those whose value shows the redaction mark."""
+    if "withheld" in saved:
+        return list(saved["withheld"])
+    marked = [n for n in ("base_url", "telemetry_url", "prometheus_url") if REDACTED in json.dumps(saved.get(n))]
+    return marked + (["mcp"] if redacted(saved.get("mcp") or []) else [])
 
 
 def continue_manifest(manifest: Manifest, resume: Resume, started_ns: int) -> None:
