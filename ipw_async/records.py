@@ -156,7 +156,7 @@ def _server_stamps(r: RequestRecord) -> list[int | None] | None:
 _attr = operator.attrgetter
 _TOOL_CALL = pl.Struct({"id": pl.String(), "name": pl.String(), "arguments": pl.String()})
 
-# The columns of records.arrow before energy, in one table: name, type, and how a record gives it.
+# The columns of measured.arrow (records.arrow before energy), in one table: name, type, and how a record gives it.
 COLUMNS: tuple[tuple[str, pl.DataType, Callable[[RequestRecord], object]], ...] = (
     ("request_id", pl.Int64(), _attr("request_id")),
     ("query_id", pl.String(), _attr("query_id")),
@@ -208,12 +208,12 @@ RECORD_SCHEMA: dict[str, pl.DataType] = {name: dtype for name, dtype, _ in COLUM
 
 
 def record_row(record: RequestRecord) -> dict[str, object]:
-    """One record as a row of ``records.arrow``."""
+    """One record as a row of ``measured.arrow``."""
     return {name: get(record) for name, _, get in COLUMNS}
 
 
 def records_frame(records: list[RequestRecord]) -> pl.DataFrame:
-    """A typed polars frame of records, the schema of ``records.arrow`` before energy columns."""
+    """A typed polars frame of records, the schema of ``measured.arrow`` (``records.arrow`` before its energy columns)."""
     rows = [tuple(get(r) for _, _, get in COLUMNS) for r in records]
     return pl.DataFrame(rows, schema=RECORD_SCHEMA, orient="row")
 

@@ -1,9 +1,10 @@
 """Finishing a run is a function of its directory: attributed records, traces and summary.
 
 ``run`` ends by calling :func:`finalize`; ``ipw-async finalize`` calls it on a finished run to
-re-attribute its energy with other settings, and recovery will call it on a run that died.
-It reads nothing but the files in the directory; where ``judge.jsonl`` is among them (an LLM
-judge scored the run after it ended), its verdicts replace the run's own scoring.
+re-attribute its energy with other settings, and ``ipw-async recover`` on a run that died. It
+reads nothing but the files in the directory; where ``judge.jsonl`` is among them (an LLM judge
+scored the run after it ended), its verdicts replace the run's own scoring. :func:`finished` is
+the one policy for a run that was cut short: every command that reads a run goes through it.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from .energy import AttributionConfig, attribute, energy_over
 from .export.ipw import ipw_table, write_ipw_dataset
 from .records import end_ns
 from .rundir import files
-from .rundir.manifest import FORMAT, Manifest, RunDirError
-from .rundir.read import INLINE_CORRECT, read_records, read_tasks, read_telemetry
+from .rundir.manifest import Manifest
+from .rundir.read import INLINE_CORRECT, RunDir
 from .stats import client_stats, distribution, latency_stats, measured, task_stats, window_s
 from .telemetry.base import Meter
 from .traces import QueryTrace, parse_price, tool_waits, traces_from_records, traces_from_tasks, write_traces
@@ -64,20 +65,21 @@ def finalize(
     figures change, nothing else). Raises :class:`RunDirError` when the directory lacks what
     finishing needs.
     """
-    run_dir = Path(run_dir)
-    manifest = Manifest.read(run_dir)
-    records = read_records(run_dir)
-    telemetry = read_telemetry(run_dir, manifest)
-    config = manifest.config
-    rule = attribution or config["attribution"]
+    run = RunDir.open(run_dir)
+    run_dir = run.path
+    manifest = run.require_manifest()
+    records = run.measured_records()
+    telemetry = run.measured_telemetry()
+    own = manifest.finishing
+    rule = attribution or own.attribution
     # the run's power model is the fitted rule's: another rule asked for leaves it behind
-    own_model = config.get("power_model", "auto") if rule == config["attribution"] else "auto"
+    own_model = own.power_model if rule == own.attribution else "auto"
     settings = AttributionConfig(  # raises ValueError for an unknown rule or effect
         rule=rule,
-        prefill_weight=config["prefill_weight"] if prefill_weight is None else prefill_weight,
+        prefill_weight=own.prefill_weight if prefill_weight is None else prefill_weight,
         power_model=own_model if power_model is None else power_model,
-        baseline_w=config["baseline_w"] if baseline_w is None else baseline_w,
-        context_cost=config.get("context_cost", "shared") if context_cost is None else context_cost,
+        baseline_w=own.baseline_w if baseline_w is None else baseline_w,
+        context_cost=own.context_cost if context_cost is None else context_cost,
         baseline_window_ns=manifest.baseline_window_ns,
         session_starts_ns=manifest.session_starts_ns,
     )
@@ -89,15 +91,14 @@ def finalize(
     if telemetry is not None and manifest.meters:
         records, section = attribute(telemetry, manifest.meters, records, settings)
         energy_section |= section
-    tasks = read_tasks(run_dir)
-    records, tasks, judge_section = _judged(run_dir, records, tasks, manifest.workload["scorer"])
+    records, tasks, judge_section = _judged(run, records, manifest.workload["scorer"])
     files.write_frame(records, run_dir / files.RECORDS)
     files.write_parquet(records, run_dir / files.RECORDS_PARQUET)
     if telemetry is not None:
         files.write_parquet(telemetry, run_dir / files.TELEMETRY_PARQUET)
     headline = [m for m in manifest.meters if m.channel in energy_section.get("headline_meters", ())]
     traces = _traces(
-        records, tasks, telemetry, headline, parse_price(config.get("price")), manifest.session_starts_ns
+        records, tasks, telemetry, headline, parse_price(own.price), manifest.session_starts_ns
     )
     write_traces(run_dir / files.TRACES, traces)
     summary = _summary(manifest, records, energy_section)
@@ -113,6 +114,32 @@ def finalize(
     return RunResult(run_dir=run_dir, summary=summary, records=records)
 
 
+def finished(path: str | Path) -> RunDir:
+    """The one policy for a run about to be read (analysed, exported, drawn): a run ``finalize``
+    finished opens as it is, with the settings it was last finished with; one that was cut short
+    (killed, crashed, or still going) is finished first, in place, as ``ipw-async recover``
+    would. Its measured files are never rewritten, so finishing a run that is still going takes
+    a snapshot and loses nothing. :class:`RunDirError` where ``path`` is not a run."""
+    run = RunDir.open(path)
+    if run.manifest is None or run.finished:
+        return run  # finished, or from before run.json existed: read as it is
+    finalize(run.path)
+    return RunDir.open(run.path)
+
+
+def finish_all(path: str | Path) -> list[Path]:
+    """:func:`finished` for a run or for each run in a folder of them (a sweep, a search); the
+    runs it had to finish, so the caller can say so."""
+    path = Path(path)
+    runs = [path] if (path / files.RUN).is_file() or (path / files.RECORDS).is_file() else []
+    if not runs and path.is_dir():
+        runs = sorted(c for c in path.iterdir() if (c / files.RUN).is_file())
+    cut_short = [p for p in runs if not RunDir.open(p).finished and (p / files.RUN).is_file()]
+    for run in cut_short:
+        finalize(run)
+    return cut_short
+
+
 # What judging after the run means for its energy, said in every judged summary.
 JUDGE_ENERGY_NOTE = (
     "the judge ran after the run's measured window, tail and finalize, when no telemetry was "
@@ -122,18 +149,17 @@ SAME_SERVER_NOTE = "the judge is the run's own server, judged after the measured
 
 
 def _judged(
-    run_dir: Path, records: pl.DataFrame, tasks: list[dict[str, Any]], scorer: str | None
+    run: RunDir, records: pl.DataFrame, scorer: str | None
 ) -> tuple[pl.DataFrame, list[dict[str, Any]], dict[str, Any] | None]:
     """Records and tasks with the verdicts of ``judge.jsonl`` in ``correct`` (null, with the
     reason in ``judge_error``, where the judge could not score), and the summary's ``judge``
     section; as they are, and no section, for a run no judge scored. The records keep their
     own verdicts in ``inline_correct``."""
-    path = run_dir / files.JUDGE
-    if not path.is_file():
+    tasks = run.tasks
+    judged = run.judge_lines()
+    if judged is None:
         return records, tasks, None
-    header, *lines = files.read_jsonl(path) or [{}]
-    if "judge" not in header:
-        raise RunDirError(f"{path} does not start with its header line; judge the run again")
+    header, lines = judged
     # a task's verdict goes to the call that gave its final answer too, so per-request
     # accuracy (analyze, IPJ, IPW) follows the judge in every kind of run
     by_request = {line["request_id"]: line for line in lines if line.get("request_id") is not None}
@@ -158,7 +184,7 @@ def _judged(
             for t in tasks
         ]
     pairs = [(line["verdict"], own.get(line[key])) for line in lines]
-    return records, tasks, _judge_section(header["judge"], lines, pairs, scorer)
+    return records, tasks, _judge_section(header, lines, pairs, scorer)
 
 
 def _judge_section(
@@ -244,7 +270,7 @@ def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) 
     run = manifest.as_dict()
     end = manifest.end or NO_END
     return {
-        "format": FORMAT,
+        "format": manifest.format,
         "complete": end["complete"],
         "simulated": manifest.simulated,
         "interrupted": end["interrupted"],
@@ -268,7 +294,7 @@ def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) 
             "clocks": manifest.clocks,
         },
         "harness": end.get("harness"),
-        "client": client_stats(records, end.get("harness"), manifest.config.get("concurrency")),
+        "client": client_stats(records, end.get("harness"), manifest.finishing.concurrency),
         "config": manifest.config,
         "versions": manifest.versions,
         "host": manifest.host,
@@ -303,7 +329,7 @@ def _validity(
         records,
         load.get("ramp_duration") if load.get("ramp") else None,
         over if telemetry is not None and headline else None,
-        manifest.config.get("until_precision") or {},
+        manifest.finishing.until_precision,
         max(periods) / NS if periods else None,
         (manifest.end or {}).get("watch"),
     )

@@ -308,7 +308,8 @@ def test_documented_agentic_command(tmp_path: Path) -> None:
 
 
 async def test_analyze_and_headline_figures_are_per_task(tmp_path: Path) -> None:
-    from ipw_async.analysis import analyze, headline_figures, load_run
+    from ipw_async.analysis import analyze, headline_figures
+    from ipw_async.rundir import RunDir
 
     result = await run_benchmark(quick_config(tmp_path, workload="agentic", max_queries=12))
     report = analyze(result.run_dir, "tasks")["tasks"]
@@ -317,9 +318,9 @@ async def test_analyze_and_headline_figures_are_per_task(tmp_path: Path) -> None
     assert [p["turn_index"] for p in profile] == list(range(len(profile)))
     assert profile[0]["calls"] == 12 and profile[-1]["calls"] < 12  # fewer tasks reach the later turns
     assert profile[-1]["input_tokens_mean"] > profile[0]["input_tokens_mean"]
-    figures = headline_figures(load_run(result.run_dir))
+    figures = headline_figures(RunDir.open(result.run_dir))
     assert figures["j_per_task"] == pytest.approx(result.summary["tasks"]["j_per_task"])
     assert figures["task_success"] == result.summary["tasks"]["success_rate"]
     single = await run_benchmark(quick_config(tmp_path / "single", max_queries=4))
     assert analyze(single.run_dir, "tasks")["tasks"]["tasks"] is None
-    assert headline_figures(load_run(single.run_dir))["j_per_task"] is None
+    assert headline_figures(RunDir.open(single.run_dir))["j_per_task"] is None

@@ -19,7 +19,6 @@ from ipw_async.analysis import (
     fit,
     goodput,
     impute_energy,
-    load_run,
     mean_ci,
     pareto_front,
     parse_slo,
@@ -27,7 +26,7 @@ from ipw_async.analysis import (
 from ipw_async.analysis.constraints import best_levels, violations
 from ipw_async.cli import app
 from ipw_async.records import NS, RequestRecord, Status, records_frame
-from ipw_async.rundir import files
+from ipw_async.rundir import RunDir, files
 
 MS = 1_000_000
 
@@ -277,7 +276,7 @@ def test_energy_breakdown_by_phase(tmp_path: Path) -> None:
     files.write_json(
         run / files.SUMMARY, {"energy": {"meters": {"dev": {"kind": "power"}}, "headline_meters": ["dev"]}}
     )
-    report = energy_report(load_run(run))
+    report = energy_report(RunDir.open(run))
     dev = report["meters"]["dev"]
     phases = {k: v["energy_j"] for k, v in dev["phases"].items()}
     # closed_ns is 1 ms after the last token

@@ -23,14 +23,14 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from typer.testing import CliRunner
 
-from ipw_async.analysis import analyze, load_run, plot_run
+from ipw_async.analysis import analyze, plot_run
 from ipw_async.analysis.constraints import best_levels
 from ipw_async.analysis.knee import find_knee
 from ipw_async.analysis.sweep import SweepResult, judge, knee_lines, levels_of, oversaturated, write_sweep
 from ipw_async.cli import app
 from ipw_async.harness import RunConfig
 from ipw_async.harness.sweep import run_sweep
-from ipw_async.rundir import files
+from ipw_async.rundir import RunDir, files
 
 SWEEP_FILES = {
     "raw_runs.csv",
@@ -189,7 +189,7 @@ def test_plot_skips_what_a_run_lacks(sweep: SweepResult, tmp_path: Path) -> None
 def test_energy_breakdown_of_a_real_run_adds_up(sweep: SweepResult) -> None:
     run_dir = sweep.out_dir / "c4_r1"
     report = analyze(run_dir, "energy")["energy"]
-    summary = load_run(run_dir).summary
+    summary = RunDir.open(run_dir).summary
     assert summary is not None
     sim = report["meters"]["sim"]
     assert abs(sim["deviation"]) < 1e-9
@@ -247,7 +247,7 @@ def test_ctrl_c_stops_the_sweep_and_keeps_what_it_has(tmp_path: Path) -> None:
     cmd += ["--baseline-s", "0", "-o", str(out), "-q"]
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    records = out / "c1_r0" / files.RECORDS
+    records = out / "c1_r0" / files.MEASURED
     deadline = time.monotonic() + 30
     while not records.exists() and time.monotonic() < deadline:  # the first run is under way
         time.sleep(0.2)

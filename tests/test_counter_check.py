@@ -16,8 +16,7 @@ from rich.console import Console
 
 from ipw_async import run_benchmark
 from ipw_async.report import summary_table
-from ipw_async.rundir.manifest import Manifest
-from ipw_async.rundir.read import read_telemetry
+from ipw_async.rundir import RunDir
 from ipw_async.sim import SimConfig
 from ipw_async.telemetry.base import Meter
 from ipw_async.telemetry.cadence import CounterGrid
@@ -141,8 +140,9 @@ H100_RUN = Path(__file__).resolve().parents[2] / "shared" / "traces" / "h100-8b-
 def test_a_real_h100_counter_is_kept_in_every_3_s_window_of_bursty_load() -> None:
     # its sampled power reads 0.76-1.17 of the counter over these windows; the whole run agrees
     # within 2%. The check before this one called the counter faulty in two of them.
-    manifest = Manifest.read(H100_RUN)
-    frame = read_telemetry(H100_RUN, manifest)
+    run = RunDir.open(H100_RUN)
+    manifest, frame = run.require_manifest(), run.measured_telemetry()
+    assert frame is not None
     gpu = next(m for m in manifest.meters if m.channel == "gpu0")
     t = frame.get_column(gpu.time_column).drop_nulls().to_numpy()
     checks = [

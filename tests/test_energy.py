@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipw_async import finalize, run_benchmark
-from ipw_async.analysis.rundir import load_run
 from ipw_async.energy import AttributionConfig, attribute, counter_knots, request_windows, split_with_known
 from ipw_async.energy.model import PowerModel
 from ipw_async.energy.steps import step_starts
 from ipw_async.energy.work import Work
 from ipw_async.records import RequestRecord, records_frame
+from ipw_async.rundir import RunDir
 from ipw_async.telemetry.base import Meter
 from ipw_async.telemetry.cadence import CounterGrid
 
@@ -352,7 +352,7 @@ async def test_simulated_run_adds_up_and_tracks_the_truth(tmp_path: Path) -> Non
     # analysis reads that grid back to attribute the same way
     sim_meter = energy["meters"]["sim"]
     assert sim_meter["counter_timing"].startswith("last update on its learned grid")
-    (meter,) = load_run(tmp_path / "run").meters()
+    (meter,) = RunDir.open(tmp_path / "run").meters()
     assert meter.grids and meter.grids[0].period_ns == pytest.approx(100e6, rel=0.01)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (

@@ -13,6 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ipw_async.cli import app
+from ipw_async.export import ExportError
+from ipw_async.export.ipw import export_ipw
 from ipw_async.harness import run_benchmark
 from ipw_async.rundir import files
 
@@ -125,13 +127,16 @@ def test_export_ipw_makes_the_dataset_for_a_run_finished_before_it_existed(
     assert_dataset_matches(run_dir)
 
 
-def test_export_ipw_on_an_unfinished_run_says_what_to_do(tmp_path: Path) -> None:
+def test_export_ipw_of_a_run_cut_short(tmp_path: Path) -> None:
     run_dir = tmp_path / "unfinished"
     shutil.copytree(SHORT_RUN, run_dir)  # never finalized: no summary.json
-    result = CliRunner().invoke(app, ["export", "ipw", str(run_dir)])
-    assert result.exit_code == 2
-    assert "ipw-async recover" in result.output and "Traceback" not in result.output
+    with pytest.raises(ExportError, match=r"cut short.*ipw-async recover"):
+        export_ipw(run_dir)  # the library never finishes a run itself
     assert not (run_dir / "dataset").exists()
+    result = CliRunner().invoke(app, ["export", "ipw", str(run_dir)], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output  # the command finishes it first, and says so
+    assert "it was cut short" in result.output and "Traceback" not in result.output
+    assert_dataset_matches(run_dir)
 
 
 def test_a_summary_from_a_newer_version_is_refused_in_one_line(finished: Path, tmp_path: Path) -> None:

@@ -195,18 +195,27 @@ def test_a_long_value_is_cut_and_an_odd_key_made_valid(with_secrets: Path, store
     assert params["params.stop_words_"] == "1"
 
 
-def test_a_killed_run_is_finished_in_a_copy(finished: Path, store: str, tmp_path: Path) -> None:
+def test_a_killed_run_is_refused_by_the_library_and_finished_first_by_the_cli(
+    finished: Path, store: str, tmp_path: Path
+) -> None:
     killed = tmp_path / "killed"
     shutil.copytree(SHORT_RUN, killed)  # what a run leaves before its summary: run.json and the streams
     before = snapshot(killed)
-    done = export_mlflow(killed, tracking_uri=store)
-    assert snapshot(killed) == before
+    with pytest.raises(ExportError, match=r"cut short.*ipw-async recover"):
+        export_mlflow(killed, tracking_uri=store)
+    assert snapshot(killed) == before  # an export never finishes a run itself
+    result = CliRunner().invoke(
+        app, ["export", "mlflow", str(killed), "--tracking-uri", store], env={"COLUMNS": "300"}
+    )
+    assert result.exit_code == 0, result.output
+    assert "it was cut short" in result.output
+    run_id = result.output.split("MLflow: run ", 1)[1].split()[0]
     client = mlflow.MlflowClient(store)
-    run = client.get_run(done.run_id)
-    assert "ipw-async recover" in run.data.tags["ipw_async.recovered"]
-    summary = json.loads((finished / files.SUMMARY).read_text())  # the same files, finished in place
+    run = client.get_run(run_id)
+    summary = json.loads((killed / files.SUMMARY).read_text())  # finished in place, as recover does
+    assert summary["energy"] == json.loads((finished / files.SUMMARY).read_text())["energy"]
     assert run.data.metrics["j_per_query_mean"] == pytest.approx(summary["energy"]["per_query_j"]["mean"])
-    assert "summary.json" in artifacts(client, done.run_id)
+    assert "summary.json" in artifacts(client, run_id)
 
 
 def test_a_sweep_is_a_parent_with_a_child_per_level(sweep: Path, store: str) -> None:

@@ -34,7 +34,7 @@ from ipw_async.export import ExportError
 from ipw_async.export.otel import OtelExport, export_otel
 from ipw_async.rundir import files
 from ipw_async.rundir.manifest import Manifest
-from ipw_async.rundir.read import read_tasks
+from ipw_async.rundir.read import RunDir
 from ipw_async.telemetry.http import redact_url
 
 from .conftest import SHORT_RUN, finished_short_run, quick_config
@@ -228,7 +228,7 @@ def test_agentic_task_spans_parent_their_turns_and_tools(receiver: Receiver, age
     result = export_otel(agentic_run, receiver.url)
     received = receiver.take()
     records = files.read_arrow(agentic_run / files.RECORDS)
-    tasks = read_tasks(agentic_run)
+    tasks = RunDir.open(agentic_run).tasks
     tools = sum(len(turn["tools"]) for task in tasks for turn in task["turns"])
     assert tools > 0
     assert result.spans == {"chat": records.height, "invoke_agent": len(tasks), "execute_tool": tools}
@@ -319,7 +319,7 @@ def test_failed_tool_call_and_unfinished_task_are_errors(
 ) -> None:
     run = tmp_path / "run"
     shutil.copytree(agentic_run, run)
-    tasks = read_tasks(run)
+    tasks = RunDir.open(run).tasks
     task = next(t for t in tasks if t["turns"][0]["tools"])
     task["outcome"] = "max_turns"
     task["turns"][0]["tools"][0] |= {"ok": False, "output": "error: calculator backend down"}

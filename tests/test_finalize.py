@@ -175,8 +175,8 @@ def test_a_killed_run_leaves_files_plain_readers_open(tmp_path: Path) -> None:
         rows = 0
         while time.monotonic() < deadline and rows < 20:
             time.sleep(0.2)
-            if (run_dir / "records.arrow").exists():
-                rows = pl.read_ipc_stream(run_dir / "records.arrow").height  # readable while live
+            if (run_dir / "measured.arrow").exists():
+                rows = pl.read_ipc_stream(run_dir / "measured.arrow").height  # readable while live
         assert rows >= 20
         children = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGKILL)
@@ -184,9 +184,11 @@ def test_a_killed_run_leaves_files_plain_readers_open(tmp_path: Path) -> None:
     finally:
         for child in children:  # the simulator outlives a kill -9 (for now): not the suite
             child.kill()
-    by_polars = pl.read_ipc_stream(run_dir / "records.arrow")
-    by_pyarrow = ipc.open_stream(str(run_dir / "records.arrow")).read_all()
+    by_polars = pl.read_ipc_stream(run_dir / "measured.arrow")
+    by_pyarrow = ipc.open_stream(str(run_dir / "measured.arrow")).read_all()
     assert by_polars.height == by_pyarrow.num_rows >= rows
+    assert not (run_dir / "records.arrow").exists()  # finalize writes the finished records
+    measured = (run_dir / "measured.arrow").read_bytes()
     assert pl.read_ipc_stream(run_dir / "telemetry.arrow").height > 0
     run = json.loads((run_dir / "run.json").read_text())
     assert run["end"] is None  # it never said how it ended
@@ -196,6 +198,9 @@ def test_a_killed_run_leaves_files_plain_readers_open(tmp_path: Path) -> None:
     assert result.summary["complete"] is False and "killed or crashed" in result.summary["aborted"]
     assert result.records.height == by_polars.height
     assert abs(result.summary["energy"]["meters"]["sim"]["conservation_error"]) < 1e-9
+    # what the run measured is never rewritten; the finished records sit beside it
+    assert (run_dir / "measured.arrow").read_bytes() == measured
+    assert pl.read_ipc_stream(run_dir / "records.arrow").get_column("energy_j").null_count() < by_polars.height
 
 
 class ResettingNvml(FakeNvml):

@@ -31,12 +31,11 @@ from ipw_async import run_benchmark
 from ipw_async.analysis.headline import headline_figures
 from ipw_async.analysis.html_figures import MAX_POINTS, envelope, lanes
 from ipw_async.analysis.html_report import REPORT, write_report
-from ipw_async.analysis.rundir import load_run
 from ipw_async.harness import RunConfig
 from ipw_async.harness.sweep import run_sweep
 from ipw_async.report import ms
-from ipw_async.results import NO_END, finalize
-from ipw_async.rundir import files
+from ipw_async.results import NO_END, finalize, finished
+from ipw_async.rundir import RunDir, RunDirError, files
 
 from .conftest import quick_config
 
@@ -230,10 +229,14 @@ def test_a_simulated_run_page(open_report: Opener, simulated_run: Path) -> None:
     assert_figures_drawn(opened, RUN_FIGURES)
 
 
-def test_a_killed_run_is_recovered_and_says_so(open_report: Opener, killed_run: Path) -> None:
+def test_a_killed_run_is_finished_first_and_says_so(open_report: Opener, killed_run: Path) -> None:
     assert not (killed_run / files.SUMMARY).exists()
+    with pytest.raises(RunDirError, match=r"cut short.*ipw-async recover"):
+        write_report(killed_run)  # the page never finishes a run itself: the policy is the CLI's
+    assert not (killed_run / files.SUMMARY).exists()
+    finished(killed_run)
     path = write_report(killed_run)
-    summary = files.read_json(killed_run / files.SUMMARY)  # recovered, as analyze would
+    summary = files.read_json(killed_run / files.SUMMARY)  # recovered, as `ipw-async report` does
     assert summary["complete"] is False and summary["loss"]["requests_not_recorded"] == 12
     opened = open_report(path)
     assert_clean(opened)
@@ -241,7 +244,6 @@ def test_a_killed_run_is_recovered_and_says_so(open_report: Opener, killed_run: 
     assert banner.startswith("PARTIAL RUN")
     assert f"aborted: {NO_END['aborted']}" in banner
     assert "48 of 60 dispatched requests are on disk: 12 were in flight" in banner
-    assert "Recovered from its files" in banner
     assert opened.page.locator("#banner-sim").count() == 0  # the recorded run was against a server
     assert opened.text("#headline-table caption").endswith("PARTIAL")
     read = opened.cells("provenance-table")["sim"]
@@ -267,7 +269,7 @@ def test_an_agentic_run_page(open_report: Opener, agentic_run: Path) -> None:
     assert first[8] == f"{costliest['energy_j']:,.2f} J"
     assert opened.cells("turns-table")["0"][0] == "6"  # every task made a first call
     headline = opened.cells("headline-table")
-    ipj = headline_figures(load_run(agentic_run))["ipj"]
+    ipj = headline_figures(RunDir.open(agentic_run))["ipj"]
     assert headline["IPJ (accuracy / J per query)"] == [f"{ipj:.4g} /J"]
     assert headline["IPW (accuracy / W per query)"][0].endswith(" /W")
     assert_figures_drawn(opened, RUN_FIGURES)
@@ -371,7 +373,7 @@ def test_a_10000_request_page_stays_small(big_run: Path) -> None:
     start = time.perf_counter()
     path = write_report(big_run)
     elapsed = time.perf_counter() - start
-    assert load_run(big_run).records.height == 10_000
+    assert RunDir.open(big_run).records.height == 10_000
     size = path.stat().st_size
     assert size < MAX_BYTES, f"{size:,} bytes"
     assert elapsed < 10, f"{elapsed:.1f} s to write"

@@ -49,9 +49,9 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan). A package's
-    ``__init__`` importing its own modules is not a circle: those edges are left out."""
-    edges = {m: {d for d in deps if d in graph and not m.startswith(d + ".")} for m, deps in graph.items()}
+    """Strongly connected components of more than one module (Tarjan). Every edge counts: a
+    module importing its own package's ``__init__``, which imports it back, is a circle too."""
+    edges = {m: {d for d in deps if d in graph} for m, deps in graph.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -92,6 +92,7 @@ def broken_rules(graph: dict[str, set[str]]) -> set[str]:
         "workload": "the client builds bodies from dataset rows",
         "telemetry.remote": "remote telemetry is the telemetry package's own business",
         "pool": "the run's ledger and the dispatch protocol know no pool",
+        "finisher": "what reads a finished run, and the simulator, sit below the finisher and the package face",
     }
     out = set()
     for m, deps in graph.items():
@@ -105,6 +106,10 @@ def broken_rules(graph: dict[str, set[str]]) -> set[str]:
                 rule = "workload"
             elif under(d, "ipw_async.telemetry.remote") and not under(m, "ipw_async.telemetry"):
                 rule = "telemetry.remote"
+            elif any(under(m, f"ipw_async.{p}") for p in ("analysis", "export", "sim")) and (
+                d in ("ipw_async", "ipw_async.results", "ipw_async.judge") or under(d, "ipw_async.harness")
+            ):
+                rule = "finisher"
             elif m in ("ipw_async.harness.ledger", "ipw_async.harness.dispatch") and d in (
                 "ipw_async.harness.workers",
                 "ipw_async.harness.ray_pool",
@@ -127,7 +132,7 @@ def test_the_package_keeps_its_layers() -> None:
 def test_a_planted_violation_is_caught() -> None:
     graph = import_graph()
     graph["ipw_async.sim.engine"] = graph["ipw_async.sim.engine"] | {"ipw_async.harness.live"}
-    graph["ipw_async.telemetry.base"] = graph["ipw_async.telemetry.base"] | {"ipw_async.analysis.rundir"}
+    graph["ipw_async.telemetry.base"] = graph["ipw_async.telemetry.base"] | {"ipw_async.rundir.read"}
     graph["ipw_async.harness.ledger"] = graph["ipw_async.harness.ledger"] | {"ipw_async.harness.workers"}
     found = violations(graph)
     assert (
@@ -140,8 +145,54 @@ def test_a_planted_violation_is_caught() -> None:
         + ("the harness runs benchmarks; this room only reads or measures")
         in found
     )
-    # analysis.rundir reads telemetry.base: the planted edge back closes a circle
+    # rundir.read reads telemetry.base: the planted edge back closes a circle
     assert any(v.startswith("circle: ") and "ipw_async.telemetry.base" in v for v in found)
+
+
+def test_nothing_that_reads_a_finished_run_finishes_one() -> None:
+    graph = import_graph()
+    graph["ipw_async.export.otel"] = graph["ipw_async.export.otel"] | {"ipw_async.results"}
+    graph["ipw_async.analysis.html_page"] = graph["ipw_async.analysis.html_page"] | {"ipw_async"}
+    found = broken_rules(graph)
+    why = "what reads a finished run, and the simulator, sit below the finisher and the package face"
+    assert f"ipw_async.export.otel imports ipw_async.results: {why}" in found
+    assert f"ipw_async.analysis.html_page imports ipw_async: {why}" in found
+
+
+def test_one_module_reads_the_run_directorys_files() -> None:
+    """Reading a run's records, telemetry, tasks, traces or verdicts is :class:`RunDir`'s: no
+    other module opens those files (the writer and the finisher write them; sweeps and searches
+    read their own folders' files)."""
+    run_files = ("MEASURED", "RECORDS", "TELEMETRY", "TASKS", "TRACES", "JUDGE")
+    readers = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", None) in ("read_arrow", "read_jsonl", "load_jsonl")
+                and any(isinstance(n, ast.Attribute) and n.attr in run_files for n in ast.walk(node))
+            ):
+                readers.add(module_name(path))
+    assert readers == {"ipw_async.rundir.read"}
+
+
+def test_the_analysis_package_lists_each_public_name_once_everywhere() -> None:
+    """``analysis/__init__`` names its exports three times (the lazy table, ``__all__``, the
+    imports type checkers read): all three must agree."""
+    tree = ast.parse((PACKAGE / "analysis" / "__init__.py").read_text())
+    table = next(n.value for n in tree.body if isinstance(n, ast.AnnAssign) and n.target.id == "_EXPORTS")  # type: ignore[union-attr]
+    lazy = {k.value: f".{v.value}" for k, v in zip(table.keys, table.values, strict=True)}  # type: ignore[union-attr, attr-defined]
+    listed = next(n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "__all__")  # type: ignore[attr-defined]
+    typed = {
+        a.name: f".{n.module}"
+        for block in tree.body
+        if isinstance(block, ast.If)
+        for n in block.body
+        if isinstance(n, ast.ImportFrom)
+        for a in n.names
+    }
+    assert sorted(lazy) == sorted(e.value for e in listed.elts)  # type: ignore[attr-defined]
+    assert typed == lazy
 
 
 def test_the_graph_sees_relative_and_lazy_imports() -> None:

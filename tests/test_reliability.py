@@ -38,11 +38,11 @@ def _finish(command: list[str], timeout: float = 60, **kwargs: Any) -> subproces
 
 
 def _wait_for_records(run_dir: Path, rows: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    """Until ``records.arrow`` holds ``rows`` rows (a flush has happened with work in it)."""
+    """Until ``measured.arrow`` holds ``rows`` rows (a flush has happened with work in it)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the run ended before it could be stopped"
-        path = run_dir / "records.arrow"
+        path = run_dir / "measured.arrow"
         # read_arrow: a live file may end inside the batch being written at this instant
         if path.exists() and read_arrow(path, partial_ok=True).height >= rows:
             return
@@ -74,7 +74,7 @@ def test_kill_9_leaves_readable_files_no_orphan_and_a_recoverable_run(tmp_path: 
     _, alive = psutil.wait_procs(children, timeout=5)
     assert not alive, "the simulator outlived its harness"
     # every file readable by plain pyarrow and polars, as the run left it
-    for name in ("records.arrow", "telemetry.arrow"):
+    for name in ("measured.arrow", "telemetry.arrow"):
         rows = ipc.open_stream(str(run_dir / name)).read_all().num_rows
         assert rows > 0 and pl.read_ipc_stream(run_dir / name).height == rows
     assert not (run_dir / "summary.json").exists()
@@ -106,11 +106,11 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_records(tmp_path:
     assert proc.returncode == 1
     assert (
         "error: cannot write" in proc.stderr
-        and "records.arrow" in proc.stderr
+        and "measured.arrow" in proc.stderr
         and "Traceback" not in proc.stderr
     )
-    kept = ipc.open_stream(str(run_dir / "records.arrow")).read_all().num_rows
-    assert 0 < kept < 5000 and pl.read_ipc_stream(run_dir / "records.arrow").height == kept
+    kept = ipc.open_stream(str(run_dir / "measured.arrow")).read_all().num_rows
+    assert 0 < kept < 5000 and pl.read_ipc_stream(run_dir / "measured.arrow").height == kept
 
 
 def test_open_file_limit_is_raised_or_explained(tmp_path: Path) -> None:
@@ -257,7 +257,7 @@ def test_resume_finishes_a_killed_run_on_the_same_clock(tmp_path: Path, workload
     _wait_for_records(run_dir, 20, proc)
     proc.kill()
     proc.wait()
-    before = read_arrow(run_dir / "records.arrow", partial_ok=True)
+    before = read_arrow(run_dir / "measured.arrow", partial_ok=True)
     resumed = _finish(
         _run("--resume", str(run_dir), "--concurrency", "99"), timeout=180
     )  # its own settings win
@@ -295,7 +295,7 @@ async def test_a_flush_cancelled_mid_write_still_lands_before_the_end_of_stream(
     # close must wait for that write, or its rows land after the end-of-stream marker, unread
     from ipw_async.rundir.files import RecordWriter
 
-    writer = RecordWriter(tmp_path / "records.arrow")
+    writer = RecordWriter(tmp_path / "measured.arrow")
     slow = writer._write
 
     def slow_write(records: list[RequestRecord]) -> None:
@@ -311,4 +311,4 @@ async def test_a_flush_cancelled_mid_write_still_lands_before_the_end_of_stream(
     with pytest.raises(asyncio.CancelledError):
         await flushing
     await writer.close()
-    assert pl.read_ipc_stream(tmp_path / "records.arrow").height == 33
+    assert pl.read_ipc_stream(tmp_path / "measured.arrow").height == 33

@@ -206,7 +206,7 @@ def test_a_background_run_stops_and_finishes_its_directory(
         log, "run", "-c", "4", "--duration", "300", "--baseline-s", "0", "--workers", workers,
         "--no-dashboard", "-o", run_dir,
     )  # fmt: skip
-    _wait_for(lambda: _has_records(run_dir / files.RECORDS), proc, "measuring")
+    _wait_for(lambda: _has_records(run_dir / files.MEASURED), proc, "measuring")
     children = psutil.Process(proc.pid).children(recursive=True)  # the simulator, the workers
     assert _stop(proc, sig) == 128 + sig, log.read_text()
     _, alive = psutil.wait_procs(children, timeout=5)
@@ -241,7 +241,7 @@ def test_a_background_proxy_ends_normally_on_sigterm(tmp_path: Path, start: Star
 def test_a_background_sweep_stops_on_sigterm_and_writes_what_it_has(tmp_path: Path, start: Start) -> None:
     out, log = tmp_path / "sweep", tmp_path / "stderr.log"
     proc = start(log, "sweep", "-c", "1,2", "-n", "5000", "--baseline-s", "0", "-o", out, "-q")
-    _wait_for(lambda: _has_records(out / "c1_r0" / files.RECORDS), proc, "measuring")
+    _wait_for(lambda: _has_records(out / "c1_r0" / files.MEASURED), proc, "measuring")
     assert _stop(proc, signal.SIGTERM) == 143, log.read_text()
     (row,) = pl.read_csv(out / "sweep" / "raw_runs.csv").to_dicts()
     assert row["status"] == "interrupted" and row["error"] == "stopped by SIGTERM"
@@ -254,7 +254,7 @@ def test_a_background_search_stops_on_sighup_and_writes_what_it_has(tmp_path: Pa
     out, log = tmp_path / "search", tmp_path / "stderr.log"
     proc = start(log, "search", "--slo", "ttft_p99=10s", "-o", out, "-n", "5000", "--baseline-s", "0")
     probe = out / "c1_r0"
-    _wait_for(lambda: _has_records(probe / files.RECORDS), proc, "measuring")
+    _wait_for(lambda: _has_records(probe / files.MEASURED), proc, "measuring")
     assert _stop(proc, signal.SIGHUP) == 129, log.read_text()
     search = files.read_json(out / "search" / "search.json")
     assert search["stop"] == "stopped by SIGHUP"

@@ -119,7 +119,7 @@ async def test_a_worker_killed_mid_run_stops_the_run_with_the_reason_and_keeps_t
 ) -> None:
     config = quick_config(tmp_path, concurrency=8, max_queries=None, duration=30.0, workers="2")
     run = asyncio.create_task(run_benchmark(config))
-    records = tmp_path / "run" / "records.arrow"
+    records = tmp_path / "run" / "measured.arrow"
     for _ in range(300):  # the first records are on disk: the workers are streaming
         await asyncio.sleep(0.05)
         if records.exists() and pl.read_ipc_stream(records).height > 8:

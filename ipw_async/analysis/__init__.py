@@ -29,16 +29,13 @@ _EXPORTS: dict[str, str] = {
     "compare_table": "compare",
     "plot_run": "plots",
     "PlotReport": "plotting",
-    "load_run": "rundir",
-    "RunDir": "rundir",
-    "RunDirError": "rundir",
 }
 
+# three lists of one set of names (ruff and type checkers need each spelled out): a test in
+# tests/test_layering.py checks that they agree
 __all__ = [
     "ANALYSES",
     "PlotReport",
-    "RunDir",
-    "RunDirError",
     "SweepResult",
     "accuracy_report",
     "analyze",
@@ -51,7 +48,6 @@ __all__ = [
     "headline_figures",
     "impute_energy",
     "latency_report",
-    "load_run",
     "mean_ci",
     "pareto_front",
     "parse_slo",
@@ -71,7 +67,6 @@ if TYPE_CHECKING:
     from .plotting import PlotReport
     from .regression import fit, regression_report
     from .repeats import mean_ci
-    from .rundir import RunDir, RunDirError, load_run
     from .sweep import SweepResult
 
 

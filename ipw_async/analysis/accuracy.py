@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ..rundir.read import RunDir
 from ..scoring import SCORERS, score
 from ..stats import measured
-from .rundir import RunDir, column, energy_columns
+from .columns import column, energy_columns
 
 
 @dataclass

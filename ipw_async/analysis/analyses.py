@@ -6,13 +6,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..results import finalize
 from ..rundir import files
+from ..rundir.read import RunDir
 from .accuracy import accuracy_report
 from .breakdown import energy_report
 from .latency import latency_report
 from .regression import regression_report
-from .rundir import RunDir, load_run
 from .tasks import task_report
 
 ANALYSES = ("accuracy", "regression", "latency", "energy", "tasks")
@@ -31,7 +30,7 @@ def _analyses(
 
 
 def analyze(
-    run_dir: str | Path,
+    run_dir: RunDir | str | Path,
     analyses: str | list[str] = "all",
     scorer: str | None = None,
     slo: dict[str, float] | None = None,
@@ -39,18 +38,15 @@ def analyze(
 ) -> dict[str, dict[str, Any]]:
     """Run the named analyses (or ``"all"``) on a run directory; returns them by name.
 
-    With ``write`` each one is also saved as ``<run_dir>/analysis/<name>.json``. A run that
-    died before finishing is recovered first (see ``ipw-async recover``); on what is still
-    missing, figures are null with a reason.
+    With ``write`` each one is also saved as ``<run_dir>/analysis/<name>.json``. The run must
+    have been finished (``ipw_async.finished`` finishes one that was cut short, as the CLI
+    does); on what it is still missing, figures are null with a reason.
     """
     names = list(ANALYSES) if analyses == "all" else [analyses] if isinstance(analyses, str) else analyses
     unknown = [n for n in names if n not in ANALYSES]
     if unknown:
         raise ValueError(f"unknown analysis {', '.join(unknown)}; choose from {', '.join(ANALYSES)} or all")
-    path = Path(run_dir)
-    if not (path / files.SUMMARY).is_file() and (path / files.RUN).is_file():
-        finalize(path)  # a run that died before finishing: recover it first
-    run = load_run(path)
+    run = RunDir.open_finished(run_dir)
     funcs = _analyses(scorer, slo)
     header = {"run_dir": str(run.path), "complete": run.complete, "simulated": run.simulated}
     results = {name: header | funcs[name](run) for name in names}

@@ -21,8 +21,8 @@ from .._clock import NS
 from ..energy import AttributionConfig, request_windows, virtual_counter
 from ..energy.counter import covering
 from ..energy.split import Timeline, density, equal_segments
+from ..rundir.read import RunDir
 from ..telemetry.base import Meter
-from .rundir import RunDir
 
 PHASES = ("prefill", "decode", "idle")
 RULE = (

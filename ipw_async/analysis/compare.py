@@ -9,8 +9,8 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from ..rundir.read import RunDir
 from .headline import FIGURES, headline_figures
-from .rundir import RunDir, load_run
 
 
 def format_figure(key: str, value: Any) -> str:
@@ -34,9 +34,10 @@ def _title(run: RunDir, name: str) -> str:
     return name + (f" [{', '.join(tags)}]" if tags else "")
 
 
-def compare_runs(run_dirs: Sequence[str | Path]) -> list[tuple[str, dict[str, Any]]]:
-    """(column title, headline figures) per run; raises RunDirError for a directory with no run."""
-    runs = [load_run(d) for d in run_dirs]
+def compare_runs(run_dirs: Sequence[RunDir | str | Path]) -> list[tuple[str, dict[str, Any]]]:
+    """(column title, headline figures) per finished run; raises RunDirError for a directory
+    with no run, or one cut short and not finished."""
+    runs = [RunDir.open_finished(d) for d in run_dirs]
     names = [run.path.name for run in runs]
     if len(set(names)) < len(names):  # sweeps name their runs alike: show the parent too
         names = [f"{run.path.parent.name}/{run.path.name}" for run in runs]

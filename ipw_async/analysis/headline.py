@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..rundir.read import HEADLINE, RunDir
 from ..stats import latency_stats
 from .accuracy import accuracy_counts, meter_report
-from .rundir import HEADLINE, RunDir
 
 # key -> (label, unit): the order is the order tables and CSV files show them in
 FIGURES: dict[str, tuple[str, str]] = {

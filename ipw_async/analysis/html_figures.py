@@ -21,10 +21,11 @@ from matplotlib.ticker import LogFormatter
 
 from .._clock import NS
 from ..energy import AttributionConfig, request_windows, virtual_counter
+from ..rundir.read import HEADLINE, RunDir
 from ..stats import PERCENTILES
+from .columns import column, energy_columns
 from .plots import in_flight
 from .plotting import SkipPlot, new_figure, title_suffix
-from .rundir import HEADLINE, RunDir, column, energy_columns
 
 MAX_POINTS = 2000  # per line: finer than the page draws it, and a few tens of kB of SVG
 MAX_WINDOWS = 1000  # queries drawn as a bar each; beyond this, requests in flight stand for them

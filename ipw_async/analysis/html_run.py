@@ -15,16 +15,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ..report import DASH, describe_model, ms, summary_table, term_label
-from ..results import finalize
-from ..rundir import files
-from ..rundir.manifest import Manifest
+from ..rundir.read import HEADLINE, RunDir
 from ..stats import PERCENTILES, latency_stats, measured
-from ..traces import QueryTrace
 from .accuracy import accuracy_counts, meter_report
 from .html_figures import LATENCIES, energy_bands, energy_timeline, latency_percentiles
 from .html_page import banner, cell, esc, html_table, missing_text, svg_figure, whole_page
 from .plots import energy_histogram
-from .rundir import HEADLINE, RunDir, load_run
 from .tasks import task_report
 
 TOP = 20  # the costliest queries and tasks listed: a page, not a dump of the records
@@ -33,24 +29,22 @@ CANDIDATES = 6  # power models listed from the run's cross-validation, best firs
 PERCENTILE_NAMES = [f"p{p:g}" for p in PERCENTILES]
 
 
-def run_page(path: Path) -> str:
-    """The page of one run directory; a run that died without a summary is recovered first."""
-    recovered = not (path / files.SUMMARY).is_file() and (path / files.RUN).is_file()
-    if recovered:
-        finalize(path)  # as analyze does with a run that died
-    run = load_run(path)
+def run_page(run: RunDir | Path) -> str:
+    """The page of one finished run."""
+    run = RunDir.open_finished(run)
+    path = run.path
     # a run from before run.json existed that died: what its records give
     summary = run.summary or {
         "complete": False,
         "aborted": "it left no summary.json, and no run.json to recover one from: the figures are its records'",
         **latency_stats(run.records),
     }
-    load = Manifest.read(path).load if (path / files.RUN).is_file() else {}
+    load = run.manifest.load if run.manifest else {}
     what = " · ".join(esc(v) for v in (summary.get("model"), summary.get("dataset"), load.get("label")) if v)
     header = (
         f"<h1>ipw-async run: {what}</h1>"
         f'<p class="meta">{esc(path.name)} · started {esc(summary.get("started_at") or DASH)}'
-        f" · run {esc(summary.get('run_id') or DASH)}</p>{_run_banners(summary, recovered)}"
+        f" · run {esc(summary.get('run_id') or DASH)}</p>{_run_banners(summary)}"
     )
     sections = [
         ("headline", "Headline", _headline(run, summary)),
@@ -63,7 +57,7 @@ def run_page(path: Path) -> str:
     return whole_page(f"ipw-async run {path.name}", header, sections, details)
 
 
-def _run_banners(summary: dict[str, Any], recovered: bool) -> str:
+def _run_banners(summary: dict[str, Any]) -> str:
     out = []
     if summary.get("simulated"):
         out.append(
@@ -93,8 +87,7 @@ def _run_banners(summary: dict[str, Any], recovered: bool) -> str:
             f"The last record ended {cell(loss['last_record_end_s'], ',.2f', ' s')} and the last telemetry "
             f"was read {cell(loss['last_telemetry_s'], ',.2f', ' s')} into the run"
         )
-    note = " Recovered from its files for this page, as ipw-async recover does." if recovered else ""
-    out.append(banner("partial", "PARTIAL RUN", f"{how}.{note}"))
+    out.append(banner("partial", "PARTIAL RUN", f"{how}."))
     return "".join(out)
 
 
@@ -367,9 +360,9 @@ def _power_model(index: int, meter: str, model: dict[str, Any]) -> str:
 
 def _tasks(run: RunDir, summary: dict[str, Any]) -> str:
     """An agentic or multi-turn run's tasks: the costliest, and the cost of a call by turn index."""
-    if not summary.get("tasks") or not (run.path / files.TRACES).is_file():
+    if not summary.get("tasks") or run.traces is None:
         return ""
-    traces = [t for t in QueryTrace.load_jsonl(run.path / files.TRACES) if not t.warmup]
+    traces = [t for t in run.traces if not t.warmup]
     traces.sort(key=lambda t: -1.0 if t.energy_j is None else t.energy_j, reverse=True)
     rows = [
         [

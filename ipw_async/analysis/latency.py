@@ -7,8 +7,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ..rundir.read import RunDir
 from ..stats import distribution, measured, window_s
-from .rundir import RunDir, column
+from .columns import column
 
 # SLO name -> the record column it bounds (seconds); limits are given in milliseconds
 SLO_COLUMNS: dict[str, str] = {"ttft_ms": "ttft_s", "tpot_ms": "tpot_s", "e2e_ms": "e2e_latency_s"}

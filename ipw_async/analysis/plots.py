@@ -13,10 +13,11 @@ from scipy import stats
 
 from .._clock import NS
 from ..energy import request_windows
+from ..rundir.read import HEADLINE, RunDir
 from ..telemetry.base import Quantity
+from .columns import column, energy_columns
 from .plotting import PlotReport, SkipPlot, new_figure, render, title_suffix
 from .regression import PAIRS, fit, points
-from .rundir import HEADLINE, RunDir, column, energy_columns, load_run
 
 AXIS_LABELS = {
     "prompt_tokens": "input (prompt) tokens",
@@ -212,9 +213,9 @@ def ttft_cdf(run: RunDir) -> Figure:
     return fig
 
 
-def plot_run(run_dir: str | Path, output: str | Path | None = None) -> PlotReport:
-    """Write every plot of a run as PNG into ``output`` (default ``<run_dir>/plots``)."""
-    run = load_run(run_dir)
+def plot_run(run_dir: RunDir | str | Path, output: str | Path | None = None) -> PlotReport:
+    """Write every plot of a finished run as PNG into ``output`` (default ``<run_dir>/plots``)."""
+    run = RunDir.open_finished(run_dir)
     out_dir = Path(output) if output is not None else run.path / "plots"
     report = PlotReport()
     for name in PAIRS:

@@ -8,7 +8,8 @@ import numpy as np
 import polars as pl
 from scipy import stats
 
-from .rundir import RunDir, column
+from ..rundir.read import RunDir
+from .columns import column
 
 # name: (x column, y column); energy and power are the headline meter's, as attributed (not imputed)
 PAIRS: dict[str, tuple[str, str]] = {

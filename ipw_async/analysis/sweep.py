@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from ..load import LoadSpec
-from ..rundir import files
+from ..rundir import RunDir, files
 from .constraints import BEST, best_levels, violations
 from .headline import FIGURES
 from .knee import FLAT, THRESHOLD, find_knee
@@ -114,8 +114,8 @@ def oversaturated(row: dict[str, Any]) -> bool | None:
     if row["status"] != "ok" and row.get("requests_measured") is None:
         return None
     try:
-        summary = files.read_json(Path(row["run_dir"]) / files.SUMMARY)
-    except (OSError, ValueError, TypeError):
+        summary = RunDir.open(row["run_dir"]).summary or {}
+    except (OSError, ValueError, TypeError):  # RunDirError is a ValueError
         return None
     verdict = (summary.get("saturation") or {}).get("oversaturated")
     return verdict if isinstance(verdict, bool) else None

@@ -8,20 +8,18 @@ from typing import Any
 import numpy as np
 
 from ..rundir import files
+from ..rundir.read import RunDir
 from ..stats import measured, task_stats, window_s
-from ..traces import QueryTrace
-from .rundir import RunDir
 
 
 def task_report(run: RunDir) -> dict[str, Any]:
     """Task statistics and a per-turn-index profile; null with the reason for a single-turn run."""
-    path = run.path / files.TRACES
-    if not (run.path / files.TASKS).is_file() or not path.is_file():
+    if not (run.path / files.TASKS).is_file() or run.traces is None:
         return {
             "tasks": None,
             "reason": "not a multi-turn run (no tasks.jsonl), or not finished (no traces.jsonl)",
         }
-    traces = [t for t in QueryTrace.load_jsonl(path) if not t.warmup]
+    traces = [t for t in run.traces if not t.warmup]
     by_turn: dict[int, list[Any]] = {}
     for trace in traces:
         for turn in trace.turns:

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..report import describe_model, describe_selection
-from ._common import err, fail, fmt, out
+from ._common import err, fail, finish_first, fmt, out
 from .export import Exports, report_page
 from .options import parse_run_args, run_config
 
@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 RunDirArg = Annotated[
     Path,
     typer.Argument(
-        help="A run directory written by `ipw-async run` (it holds records.arrow).", show_default=False
+        help="A run directory written by `ipw-async run` (one that was cut short is finished first, "
+        "as `ipw-async recover` would).",
+        show_default=False,
     ),
 ]
 
@@ -57,6 +59,7 @@ def analyze(
     from ..analysis.analyses import analyze as analyze_run
     from ..analysis.latency import parse_slo
 
+    finish_first(run_dir)
     try:  # RunDirError (no run there) is a ValueError too
         results = analyze_run(run_dir, analysis, scorer=scorer, slo=parse_slo(slo))
     except ValueError as exc:
@@ -115,8 +118,9 @@ def plot(
     A plot whose data the run does not have is skipped, with the reason printed.
     """
     from ..analysis.plots import plot_run
-    from ..analysis.rundir import RunDirError
+    from ..rundir import RunDirError
 
+    finish_first(run_dir)
     try:
         report = plot_run(run_dir, output)
     except RunDirError as exc:
@@ -308,8 +312,10 @@ def compare(
 ) -> None:
     """Show the headline figures of several runs side by side ('—' where a run did not measure one)."""
     from ..analysis.compare import compare_runs, compare_table
-    from ..analysis.rundir import RunDirError
+    from ..rundir import RunDirError
 
+    for run_dir in run_dirs:
+        finish_first(run_dir)
     try:
         compared = compare_runs(run_dirs)
     except RunDirError as exc:

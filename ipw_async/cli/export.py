@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from ..harness.config import OUTPUT
 from ..rundir.manifest import RunDirError
-from ._common import Debug, err, fail, out
+from ._common import Debug, err, fail, finish_first, out
 
 RunArg = Annotated[
     Path, typer.Argument(help="A run directory written by `ipw-async run`.", show_default=False)
@@ -129,6 +129,7 @@ def ipw(run_dir: RunArg) -> None:
     """
     from ..export.ipw import export_ipw
 
+    finish_first(run_dir)
     _exporting(lambda: f"written: {export_ipw(run_dir)} (datasets.load_from_disk reads it)")
 
 
@@ -147,6 +148,7 @@ def otel(
 
     Headers (an auth token) come from OTEL_EXPORTER_OTLP_HEADERS, as for any OTLP exporter.
     """
+    finish_first(run_dir)
     _exporting(lambda: _otel(run_dir, endpoint, timeout))
 
 
@@ -161,6 +163,7 @@ def mlflow(
     """Log a run (or a sweep: a parent run with a child per level) to MLflow: config as params,
     throughput, latency percentiles, J/query, J/token, IPJ and IPW as metrics, and the summary,
     plots and report as artifacts."""
+    finish_first(path)
     _exporting(lambda: _mlflow(path, tracking_uri, experiment))
 
 
@@ -177,6 +180,7 @@ def report(
     that opens in any browser with no network."""
     from ..analysis.html_report import write_report
 
+    finish_first(path)
     try:
         written = write_report(path, output)
     except (RunDirError, ValueError) as exc:

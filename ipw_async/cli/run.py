@@ -159,7 +159,7 @@ def recover(
 ) -> None:
     """Rebuild a dead run's summary, traces and per-query energy from what it left on disk.
 
-    Reads run.json, the whole batches of records.arrow and telemetry.arrow and tasks.jsonl;
+    Reads run.json, the whole batches of measured.arrow and telemetry.arrow and tasks.jsonl;
     marks the run complete: false with the reason; says how many requests were dispatched but
     never recorded (in flight at the end, or in its last unflushed second).
     """

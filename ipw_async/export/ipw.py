@@ -41,8 +41,8 @@ import polars as pl
 
 from ..records import end_ns
 from ..rundir import files
-from ..rundir.manifest import Manifest
-from ..rundir.read import read_telemetry
+from ..rundir.manifest import RunDirError
+from ..rundir.read import RunDir
 from ..telemetry.base import Meter, Quantity, time_column
 from . import ExportError
 
@@ -149,22 +149,17 @@ def write_ipw_dataset(run_dir: Path, table: pl.DataFrame) -> Path:
     return out
 
 
-def export_ipw(run_dir: str | Path) -> Path:
+def export_ipw(run_dir: RunDir | str | Path) -> Path:
     """``dataset/`` for a finished run from its files (a run finished before finalize wrote it)."""
-    run_dir = Path(run_dir)
-    summary_path = run_dir / files.SUMMARY
-    if not summary_path.is_file():
-        raise ExportError(
-            f"{run_dir} has no {files.SUMMARY}: finish it first with `ipw-async recover {run_dir}`"
-        )
-    records = files.read_arrow(run_dir / files.RECORDS)
-    if "energy_j" not in records.columns:
-        raise ExportError(f"{run_dir} has no attributed energy yet: run `ipw-async finalize {run_dir}`")
-    manifest = Manifest.read(run_dir)
-    table = ipw_table(
-        records, files.read_json(summary_path), read_telemetry(run_dir, manifest), manifest.meters
-    )
-    return write_ipw_dataset(run_dir, table)
+    try:
+        run = RunDir.open_finished(run_dir)
+        manifest = run.require_manifest()
+    except RunDirError as exc:
+        raise ExportError(str(exc)) from None
+    if run.summary is None or "energy_j" not in run.records.columns:
+        raise ExportError(f"{run.path} has no attributed energy yet: run `ipw-async finalize {run.path}`")
+    table = ipw_table(run.records, run.summary, run.telemetry, manifest.meters)
+    return write_ipw_dataset(run.path, table)
 
 
 class _Windows:

@@ -22,7 +22,6 @@ import json
 import math
 import os
 import re
-import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ipw_async.export import ExportError
 from ipw_async.rundir import files
 from ipw_async.rundir.manifest import Manifest, RunDirError
+from ipw_async.rundir.read import HEADLINE, RunDir
 from ipw_async.telemetry.http import redact_url, redact_urls
 
 if TYPE_CHECKING:
@@ -233,21 +233,21 @@ def _log(client: MlflowClient, experiment_id: str, run: _Run, parent_id: str | N
 
 
 def _read_run(path: Path, work: Path, name: str, extra_tags: dict[str, str] | None = None) -> _Run:
-    """A run directory as an MLflow run (with ``extra_tags``, e.g. its sweep level); one without
-    ``summary.json`` is finished in a copy."""
+    """A finished run directory as an MLflow run (with ``extra_tags``, e.g. its sweep level)."""
     try:
-        manifest = Manifest.read(path)
-    except RunDirError as exc:
-        raise ExportError(str(exc)) from None
-    finished = path if (path / files.SUMMARY).is_file() else _recover(path, work)
-    summary = _read_json(finished / files.SUMMARY)
+        run = RunDir.open_finished(path)
+        manifest = run.require_manifest()
+    except (RunDirError, OSError) as exc:
+        raise ExportError(_brief(str(exc))) from None
+    summary = run.summary
+    assert summary is not None  # a finished run with a run.json has its summary
     values, reasons = _run_metrics(summary)
-    more, more_reasons = _intelligence(finished)
+    more, more_reasons = _intelligence(run)
     values |= more
     reasons |= more_reasons
     metrics, missing = _present(values, reasons)
     found = [
-        (finished / n, None) for n in (files.SUMMARY, files.RUN, files.TRACES) if (finished / n).is_file()
+        (path / n, None) for n in (files.SUMMARY, files.RUN, files.TRACES) if (path / n).is_file()
     ]
     if (path / files.REPORT).is_file():
         found.append((path / files.REPORT, None))
@@ -259,9 +259,6 @@ def _read_run(path: Path, work: Path, name: str, extra_tags: dict[str, str] | No
         "ipw_async.simulated": _flag(summary.get("simulated", manifest.simulated)),
         "ipw_async.complete": _flag(summary.get("complete")),
         "ipw_async.run_dir": str(path.resolve()),
-        "ipw_async.recovered": None
-        if finished == path
-        else f"no {files.SUMMARY}: finished at export from what the run left; `ipw-async recover` keeps it",
         "ipw_async.missing_metrics": json.dumps(missing) if missing else None,
         "ipw_async.skipped_artifacts": json.dumps(skipped) if skipped else None,
         "ipw_async.truncated_params": ", ".join(truncated) or None,
@@ -278,23 +275,6 @@ def _read_run(path: Path, work: Path, name: str, extra_tags: dict[str, str] | No
         status=_status(summary),
         children=[],
     )
-
-
-def _recover(path: Path, work: Path) -> Path:
-    """Finish a run that died before its summary, in a copy: ``ipw-async recover`` in place."""
-    from ipw_async.results import finalize  # the energy stack: only for a run that needs it
-
-    copy = Path(tempfile.mkdtemp(dir=work, prefix="recovered-"))
-    for name in (files.RUN, files.RECORDS, files.TELEMETRY, files.TASKS):
-        if (path / name).is_file():
-            shutil.copy2(path / name, copy / name)
-    try:
-        finalize(copy)
-    except (ValueError, OSError) as exc:  # RunDirError is a ValueError
-        raise ExportError(
-            f"{path} has no {files.SUMMARY} and cannot be finished: {_brief(str(exc))}"
-        ) from None
-    return copy
 
 
 def _run_params(summary: dict[str, Any], manifest: Manifest) -> dict[str, str]:
@@ -375,20 +355,19 @@ def _conservation(energy: dict[str, Any]) -> float | None:
     return max(present, key=abs) if present else None
 
 
-def _intelligence(run_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
+def _intelligence(run: RunDir) -> tuple[dict[str, Any], dict[str, str]]:
     """IPJ and IPW as ``analyze`` gives them: accuracy over the headline meter's mean energy and
     power per query, imputed where a query has none."""
     from ipw_async.analysis.accuracy import accuracy_counts, meter_report
-    from ipw_async.analysis.rundir import HEADLINE, load_run
 
     try:
-        run = load_run(run_dir)
+        records = run.records
     except (ValueError, OSError) as exc:
-        raise ExportError(f"{run_dir} cannot be read: {_brief(str(exc))}") from None
+        raise ExportError(f"{run.path} cannot be read: {_brief(str(exc))}") from None
     if HEADLINE not in run.energy_meters:
         why = "the run has no per-query energy"
         return {"ipj": None, "ipw": None}, {"ipj": why, "ipw": why}
-    report = meter_report(run.ok, HEADLINE, accuracy_counts(run.records)["accuracy"])
+    report = meter_report(run.ok, HEADLINE, accuracy_counts(records)["accuracy"])
     return (
         {"ipj": report["ipj"], "ipw": report["ipw"]},
         {"ipj": report["ipj_reason"], "ipw": report["ipw_reason"]},

@@ -39,9 +39,8 @@ import polars as pl
 
 from .._clock import NS, ClockAnchor
 from ..records import end_ns
-from ..rundir import files
 from ..rundir.manifest import Manifest, RunDirError
-from ..rundir.read import read_tasks
+from ..rundir.read import RunDir
 from ..telemetry.http import redact_url
 from ..traces import COMPLETED, QueryTrace
 from . import ExportError
@@ -102,7 +101,7 @@ class _Run:
 
 
 def export_otel(
-    run_dir: str | Path,
+    run_dir: RunDir | str | Path,
     endpoint: str,
     *,
     headers: Mapping[str, str] | None = None,
@@ -125,7 +124,7 @@ def export_otel(
             "OpenTelemetry export needs the otel extra: pip install 'ipw-async[otel]'"
         ) from None
     url, auth, shown = _endpoint(endpoint)
-    run = _read_run(Path(run_dir))
+    run = _read_run(run_dir if isinstance(run_dir, RunDir) else Path(run_dir))
     manifest = run.manifest
     resource = Resource.create(
         {
@@ -175,25 +174,18 @@ def _endpoint(endpoint: str) -> tuple[str, dict[str, str], str]:
     )
 
 
-def _read_run(run_dir: Path) -> _Run:
-    """The run's files, read only; a run that never finished is an error naming the fix."""
+def _read_run(run_dir: RunDir | Path) -> _Run:
+    """The finished run's files, read only; a run cut short is an error naming the fix."""
     try:
-        manifest = Manifest.read(run_dir)
-        if not (run_dir / files.SUMMARY).is_file():
-            # finishing it here would write into the run directory, which an export never does
-            raise ExportError(
-                f"{run_dir} holds no {files.SUMMARY}: the run did not finish; "
-                f"run `ipw-async recover {run_dir}` first"
-            )
-        records = files.read_arrow(run_dir / files.RECORDS)
-        traces_path = run_dir / files.TRACES
-        traces = QueryTrace.load_jsonl(traces_path) if traces_path.is_file() else []
+        run = RunDir.open_finished(run_dir)
+        manifest = run.require_manifest()
+        assert run.summary is not None  # a finished run with a run.json has its summary
         return _Run(
             manifest=manifest,
-            summary=files.read_json(run_dir / files.SUMMARY),
-            records=records,
-            tasks=read_tasks(run_dir),
-            traces={t.task_id: t for t in traces if t.task_id is not None},
+            summary=run.summary,
+            records=run.records,
+            tasks=run.tasks,
+            traces={t.task_id: t for t in run.traces or [] if t.task_id is not None},
         )
     except (RunDirError, OSError, ValueError) as exc:  # ValueError: a file cut short or not JSON
         raise ExportError(f"cannot export {run_dir}: {exc}") from None

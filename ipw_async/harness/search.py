@@ -26,12 +26,12 @@ import polars as pl
 from .._loop import run as run_loop
 from ..analysis.headline import headline_figures
 from ..analysis.plotting import PlotReport
-from ..analysis.rundir import load_run
 from ..analysis.search import BOOTSTRAP, Boundary, Slo, boundary, boundary_interval, margins
 from ..analysis.search_plot import plot_search
 from ..analysis.sweep import Level
 from ..errors import RunError, stop_signal
 from ..load import LoadSpec
+from ..results import finished
 from ..rundir import files
 from ..rundir.manifest import slug
 from .config import RunConfig
@@ -188,7 +188,7 @@ def run_search(
             stopped_by = stop_signal(exc)
             p.status, p.error = "interrupted", f"stopped by {stopped_by.name}"
         if p.status == "ok":
-            runs = [load_run(d) for d in p.run_dirs]
+            runs = [finished(d) for d in p.run_dirs]
             point, boot = margins(slos, [r.records for r in runs], seed=base.seed + len(probes))
             p.margins = {slo.name: float(m) for slo, m in zip(slos, point, strict=True)}
             p.oversaturated = any((r.summary.get("saturation") or {}).get("oversaturated") for r in runs)

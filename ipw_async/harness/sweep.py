@@ -18,10 +18,9 @@ from typing import Any
 from .._loop import run as run_loop
 from ..analysis.constraints import validate
 from ..analysis.headline import FIGURES, headline_figures
-from ..analysis.rundir import load_run
 from ..analysis.sweep import Level, SweepResult, levels_of, write_sweep
 from ..errors import RunError, stop_signal
-from ..rundir import files
+from ..results import finished
 from ..rundir.manifest import Manifest, RunDirError, slug
 from .config import RunConfig
 from .live import Display, run_benchmark
@@ -85,11 +84,11 @@ def _fill(row: dict[str, Any], run_dir: Path, previous_id: str | None) -> None:
     A run refused before it started may have found an older run there: that one is not read.
     """
     run_id = _run_id(run_dir)
-    if run_id is None or run_id == previous_id or not (run_dir / files.RECORDS).is_file():
+    if run_id is None or run_id == previous_id:
         return
     try:
-        run = load_run(run_dir)
-    except ValueError:
+        run = finished(run_dir)
+    except ValueError:  # RunDirError: it measured nothing
         return
     # a run's own label: its energy may come from a simulated device behind a real URL
     row |= headline_figures(run) | {"complete": run.complete, "simulated": run.simulated}

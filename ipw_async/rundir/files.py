@@ -1,6 +1,6 @@
 """The files of a run directory: Arrow IPC streams readable at every moment, and JSON.
 
-``records.arrow`` and ``telemetry.arrow`` are Arrow IPC *streams*, written batch by batch as a
+``measured.arrow`` and ``telemetry.arrow`` are Arrow IPC *streams*, written batch by batch as a
 run goes: plain pyarrow (``ipc.open_stream``), polars (``read_ipc_stream``) and HF datasets
 (``Dataset.from_file``) read them while the run is live and after it died. Each batch reaches
 the file in one ``write`` call, so a killed process leaves whole batches behind.
@@ -24,7 +24,8 @@ import pyarrow.ipc as ipc
 from ..records import RequestRecord, records_frame
 
 RUN = "run.json"
-RECORDS = "records.arrow"
+MEASURED = "measured.arrow"  # the records as the run measured them, written as it goes and never rewritten
+RECORDS = "records.arrow"  # the records as finalize finished them: energy, the judge's verdicts
 TELEMETRY = "telemetry.arrow"
 TRACES = "traces.jsonl"
 TASKS = "tasks.jsonl"  # agentic and multi-turn runs: each task as the harness saw it end

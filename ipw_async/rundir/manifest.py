@@ -28,8 +28,9 @@ from ..telemetry.base import Meter
 from . import files
 
 # The run directory's format, carried by run.json and summary.json: raised when what a file
-# holds changes so that an older reader would misread it
-FORMAT = 1
+# holds changes so that an older reader would misread it. 2: the records as measured are in
+# measured.arrow, never rewritten; records.arrow holds them as finished
+FORMAT = 2
 
 
 class RunDirError(ValueError):
@@ -77,6 +78,7 @@ def discard(path: Path, created: bool) -> None:
 # verdicts would be joined to the new run's requests by id)
 _RUN_FILES = (
     files.RUN,
+    files.MEASURED,
     files.RECORDS,
     files.TELEMETRY,
     files.TASKS,
@@ -126,6 +128,38 @@ def host() -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Finishing:
+    """What finishing reads of a run's config (``run.json``'s ``config``), typed: how its energy
+    is attributed, its price, its concurrency and its precision targets. A field an older run
+    did not write takes the default that run had."""
+
+    attribution: str
+    prefill_weight: float
+    power_model: str
+    baseline_w: float | None
+    context_cost: str
+    price: str | None
+    concurrency: int | None
+    until_precision: dict[str, float]
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> Finishing:
+        try:
+            return cls(
+                attribution=config["attribution"],
+                prefill_weight=float(config["prefill_weight"]),
+                power_model=config.get("power_model", "auto"),
+                baseline_w=config["baseline_w"],
+                context_cost=config.get("context_cost", "shared"),
+                price=config.get("price"),
+                concurrency=config.get("concurrency"),
+                until_precision=config.get("until_precision") or {},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RunDirError(f"run.json's config lacks what finishing needs ({exc})") from None
+
+
 @dataclass
 class Manifest:
     """The contents of ``run.json``."""
@@ -154,10 +188,11 @@ class Manifest:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     versions: dict[str, str | None] = field(default_factory=versions)
     host: dict[str, Any] = field(default_factory=host)
+    format: int = FORMAT  # as read: a run written by an older version keeps its layout
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "format": FORMAT,
+            "format": self.format,
             "run_id": self.run_id,
             "simulated": self.simulated,
             "model": self.model,
@@ -216,7 +251,12 @@ class Manifest:
             run_id=data["run_id"],
             versions=data["versions"],
             host=data["host"],
+            format=data.get("format", 1),
         )
+
+    @property
+    def finishing(self) -> Finishing:
+        return Finishing.of(self.config)
 
     @property
     def session_starts_ns(self) -> tuple[int, ...]:

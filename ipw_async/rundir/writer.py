@@ -96,7 +96,7 @@ class RunWriter:
     async def __aenter__(self) -> RunWriter:
         records, telemetry = self._earlier
         await anyio.to_thread.run_sync(self.manifest.write, self.run_dir)
-        self.records = files.RecordWriter(self.run_dir / files.RECORDS, initial=records)
+        self.records = files.RecordWriter(self.run_dir / files.MEASURED, initial=records)
         self.tasks = files.JsonLines(self.run_dir / files.TASKS)
         self.telemetry = (
             None

@@ -19,8 +19,7 @@ import polars as pl
 from ..energy import AttributionConfig, request_windows, split_with_known
 from ..energy.model import Drift, PowerModel
 from ..energy.steps import Steps, steps_of
-from ..rundir.manifest import Manifest
-from ..rundir.read import read_records, read_telemetry
+from ..rundir.read import RunDir
 from .physics import EngineConfig
 
 
@@ -86,17 +85,17 @@ def known_energy(
     """Per request id, its energy split by the simulator's physics over the logged steps
     (``"logged steps"``: the meter's floor) and over the steps the run infers (``"inferred
     steps"``)."""
-    run_dir = Path(run_dir)
     if "steps" not in truth:
         raise ValueError("the simulator kept no steps: run it with record_steps")
-    manifest = Manifest.read(run_dir)
-    telemetry = read_telemetry(run_dir, manifest)
+    run = RunDir.open(run_dir)
+    manifest = run.require_manifest()
+    telemetry = run.measured_telemetry()
     if telemetry is None:
         raise ValueError(f"{run_dir} has no telemetry")
     meter = next((m for m in manifest.meters if m.accelerator), None)
     if meter is None:
         raise ValueError(f"{run_dir} has no accelerator meter: was it a simulator run?")
-    requests = request_windows(read_records(run_dir))
+    requests = request_windows(run.measured_records())
     config = AttributionConfig(session_starts_ns=manifest.session_starts_ns)
     t0 = manifest.anchor.monotonic_ns
     model = replace(physics(engine), drift=logged_static(truth, t0, engine.static_w))
