@@ -243,7 +243,7 @@ def test_ctrl_c_keeps_every_record_measured(tmp_path: Path, workers: str) -> Non
     # interrupted once some records are on disk, however slow the machine (a fixed 3 s after
     # the file appeared found it still empty on a loaded 2-core host, with two workers starting)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not _has_records(run_dir / "records.arrow"):
+    while time.monotonic() < deadline and not _has_records(run_dir / "measured.arrow"):
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
@@ -263,7 +263,7 @@ def test_ctrl_c_keeps_every_record_measured(tmp_path: Path, workers: str) -> Non
 def test_crashed_writer_leaves_a_readable_file(tmp_path: Path) -> None:
     import anyio
 
-    path = tmp_path / "records.arrow"
+    path = tmp_path / "measured.arrow"
     writer = RecordWriter(path, batch_size=2)
     assert pl.read_ipc_stream(path).height == 0  # readable before any record
 
