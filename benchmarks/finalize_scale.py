@@ -2,7 +2,7 @@
 grows linearly.
 
 ``finalize(run_dir)`` re-attributes a finished run from its directory's files alone: it reads
-``run.json``, ``records.arrow`` and ``telemetry.arrow``, attributes the energy
+``run.json``, ``measured.arrow`` and ``telemetry.arrow``, attributes the energy
 (``ipw_async.energy.attribute``), and writes records (Arrow and Parquet), telemetry as
 Parquet, ``traces.jsonl``, ``summary.json`` and ``dataset/``.
 This measures its wall time against the run's size.
@@ -13,7 +13,7 @@ synthetic prompts of 256 and outputs of 64 tokens, length sigma 0.4; ``--seed-re
 requests). Each tiled directory of N requests is the seed's directory with its data repeated
 k = 0, 1, 2, … times, each copy ``k × span`` later on the run clock:
 
-- ``records.arrow``: new unique ``request_id``\\s (and ``unit_id``\\s), every ``*_ns`` time
+- ``measured.arrow``: new unique ``request_id``\\s (and ``unit_id``\\s), every ``*_ns`` time
   column, list columns (``chunk_ns``, ``chunk_server_ns``) included, shifted by ``k × span``;
   the last copy is cut at N requests;
 - ``telemetry.arrow``: the ``t_ns`` and ``<source>.t_ns`` time columns shifted the same way
@@ -88,6 +88,7 @@ TARGET_N = 100_000
 TARGET_S = 30.0
 PRISTINE = "pristine"  # beside each tiled directory: its files as built, before any finalize
 DATA = (
+    files.MEASURED,
     files.RECORDS,
     files.TELEMETRY,
     files.TRACES,
@@ -149,7 +150,7 @@ class Seed:
     @classmethod
     def read(cls, run_dir: Path) -> Seed:
         manifest = files.read_json(run_dir / files.RUN)
-        records = files.read_arrow(run_dir / files.RECORDS).sort("request_id")
+        records = files.read_arrow(run_dir / files.MEASURED).sort("request_id")
         telemetry = files.read_arrow(run_dir / files.TELEMETRY)
         if manifest["sessions"]:
             raise SystemExit(f"{run_dir} is a resumed run; the seed must be one session")
@@ -176,15 +177,15 @@ class Seed:
         seed_end = _max_time(self.records, ["closed_ns", "last_token_ns", "headers_ns", "sent_ns"])
         tail = _max_time(self.telemetry, ["t_ns"]) - seed_end
         last_end = _max_time(records[-1], ["closed_ns", "last_token_ns", "headers_ns", "sent_ns"])
-        self._write_records(pl.concat(records).rechunk(), out / files.RECORDS)
+        self._write_records(pl.concat(records).rechunk(), out / files.MEASURED)
         self._write_telemetry(copies, last_end + tail, out / files.TELEMETRY)
         manifest = self._manifest(n, copies)
         files.write_json(out / files.RUN, manifest)
-        for name in (files.TRACES, files.SUMMARY):  # made by finalize: none yet, as at a run's end
+        for name in (files.RECORDS, files.TRACES, files.SUMMARY):  # finalize makes these: none yet
             (out / name).unlink(missing_ok=True)
         keep = out / PRISTINE
         keep.mkdir()
-        for name in (files.RECORDS, files.TELEMETRY, files.RUN):
+        for name in (files.MEASURED, files.TELEMETRY, files.RUN):
             shutil.copy2(out / name, keep / name)
 
     def _records_copy(self, k: int) -> pl.DataFrame:
@@ -214,10 +215,10 @@ class Seed:
         return self.telemetry.with_columns(columns)
 
     def _write_records(self, frame: pl.DataFrame, path: Path) -> None:
-        """As finalize (and a finished run) leaves it: one stream, the seed's schema."""
+        """As a run leaves it: one stream, the seed's schema."""
         files.write_frame(frame, path)
-        if arrow_schema(path) != arrow_schema(self.run_dir / files.RECORDS):
-            raise AssertionError("tiled records.arrow has another schema than the seed's")
+        if arrow_schema(path) != arrow_schema(self.run_dir / files.MEASURED):
+            raise AssertionError("tiled measured.arrow has another schema than the seed's")
 
     def _write_telemetry(self, copies: int, until_ns: int, path: Path) -> None:
         """As the sampler's flushes leave it: the seed's batches, copy after copy."""
@@ -321,7 +322,7 @@ def restore(run_dir: Path) -> None:
     for name in DATA:
         (run_dir / name).unlink(missing_ok=True)
     shutil.rmtree(run_dir / "dataset", ignore_errors=True)
-    for name in (files.RECORDS, files.TELEMETRY, files.RUN):
+    for name in (files.MEASURED, files.TELEMETRY, files.RUN):
         shutil.copy2(run_dir / PRISTINE / name, run_dir / name)
 
 
@@ -476,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             meters = summary["energy"]["meters"]
             energy = ", ".join(f"{name}: {describe(m)}" for name, m in meters.items())
             print(
-                f"n={n}: built in {built:.1f} s ({(run_dir / files.RECORDS).stat().st_size / 1e6:.0f} MB "
+                f"n={n}: built in {built:.1f} s ({(run_dir / files.MEASURED).stat().st_size / 1e6:.0f} MB "
                 f"records, {(run_dir / files.TELEMETRY).stat().st_size / 1e6:.1f} MB telemetry); "
                 f"finalized: {summary['requests']['total']} requests, span {summary['window_s']:.0f} s; {energy}; "
                 f"finalize {timing.finalize_s:.2f} s; peak RSS so far {peak_rss_gb():.1f} GB",

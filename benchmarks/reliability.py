@@ -109,7 +109,7 @@ def kill_case(seed: int, tmp: Path) -> dict[str, Any]:
         proc.kill()
         proc.wait()
         finished = httpx.get(f"{sim.root_url}/sim/stats", timeout=10).json()["completed"]
-    on_disk = pl.read_ipc_stream(run_dir / "records.arrow")
+    on_disk = pl.read_ipc_stream(run_dir / "measured.arrow")
     ok = on_disk.filter(pl.col("status") == "ok").height
     start = time.perf_counter()
     result = finalize(run_dir)
@@ -136,7 +136,7 @@ def _started(run_dir: Path, *args: str, timeout: float = 60.0) -> subprocess.Pop
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + timeout
-    while not (run_dir / "records.arrow").exists():
+    while not (run_dir / "measured.arrow").exists():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{run_dir} never got its records file")
         time.sleep(0.05)

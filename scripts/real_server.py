@@ -55,7 +55,7 @@ def serve(port: int, parallel: int) -> None:
 
 def compare(run_dir: Path) -> None:
     """Per request, the harness's TTFT against the server's own prompt time (same request)."""
-    records = pl.read_ipc(run_dir / "records.arrow").filter(
+    records = pl.read_ipc_stream(run_dir / "records.arrow").filter(
         (pl.col("status") == "ok") & pl.col("server_prompt_ms").is_not_null()
     )
     if records.is_empty():
