@@ -17,7 +17,7 @@ import mlflow
 import pytest
 from typer.testing import CliRunner
 
-import ipw_async.export.mlflow as mlflow_export
+import ipw_async.export._mlflow_values as mlflow_values
 from ipw_async.cli import app
 from ipw_async.export import ExportError
 from ipw_async.export.mlflow import MISSING_EXTRA, export_mlflow
@@ -157,7 +157,7 @@ def test_plots_and_report_go_and_big_files_stay(
     (run / "plots").mkdir()
     (run / "plots" / "energy.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     (run / "report.html").write_text("<html></html>")
-    monkeypatch.setattr(mlflow_export, "MAX_ARTIFACT_BYTES", 50_000)  # traces.jsonl is ~100 kB
+    monkeypatch.setattr(mlflow_values, "MAX_ARTIFACT_BYTES", 50_000)  # traces.jsonl is ~100 kB
     done = export_mlflow(run, tracking_uri=store, run_name="named")
     client = mlflow.MlflowClient(store)
     logged = set(artifacts(client, done.run_id))
