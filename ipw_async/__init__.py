@@ -1,17 +1,16 @@
 """ipw-async: concurrent streaming benchmarks of LLM inference, with per-query energy."""
 
+from ._version import __version__ as __version__
 from .energy import AttributionConfig, attribute
 from .errors import RunAborted, RunError
 from .harness import RunConfig, run, run_benchmark
 from .records import RequestRecord, Status
-from .results import RunResult, finalize
+from .results import RunResult, finalize, finished
+from .rundir import RunDir, RunDirError
 from .rundir.files import read_arrow
-from .rundir.manifest import RunDirError
 from .traces import QueryTrace, ToolCall, TurnTrace
 from .workload import Dataset, DatasetError, Query, TaskLog, Workload, WorkUnit
 from .workload.tools import Tool, Toolbox, ToolLatency
-
-__version__ = "0.3.0"
 
 __all__ = [
     "AttributionConfig",
@@ -22,6 +21,7 @@ __all__ = [
     "RequestRecord",
     "RunAborted",
     "RunConfig",
+    "RunDir",
     "RunDirError",
     "RunError",
     "RunResult",
@@ -36,6 +36,7 @@ __all__ = [
     "Workload",
     "attribute",
     "finalize",
+    "finished",
     "read_arrow",
     "run",
     "run_benchmark",

@@ -10,7 +10,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from .. import __version__
+from .._version import __version__
 from ..report import DASH
 from ..rundir import files
 from .html_figures import svg

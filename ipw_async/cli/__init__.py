@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from .. import __version__
+from .._version import __version__
 from . import agent, analysis, export, judge, proxy, run, search
 from ._common import Debug, err, out
 
