@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ipw_async.judge import JUDGE_PROMPT, verdict
+from ipw_async.judging import JUDGE_PROMPT, verdict
 from ipw_async.sim import SimConfig, SimulatorProcess
 from ipw_async.sim.agent import MAX_CALLS, Agent
 from ipw_async.sim.toolargs import example_arguments

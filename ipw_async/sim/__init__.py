@@ -1,8 +1,10 @@
 """The built-in simulator: an OpenAI-compatible server and a simulated device (all SIMULATED)."""
 
+from .config import SIM_MODEL, SimConfig
+from .faults import FAULT_OUTCOMES, Faults
 from .physics import EngineConfig, drawn_physics
 from .process import SimulatorError, SimulatorProcess
-from .server import FAULT_OUTCOMES, SIM_MODEL, Faults, SimConfig, serve
+from .server import serve
 
 __all__ = [
     "FAULT_OUTCOMES",

@@ -13,8 +13,10 @@ from typing import Self
 import httpx
 
 from .._child import ChildError, ChildServer
+from .config import SimConfig
+from .faults import Faults
 from .physics import EngineConfig
-from .server import READY_PREFIX, Faults, SimConfig
+from .server import READY_PREFIX
 
 SimulatorError = ChildError  # the simulator did not start, or not healthy
 

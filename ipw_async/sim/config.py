@@ -1,0 +1,26 @@
+"""What a simulator is started with: its engine, its faults, and how its model answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .._options import option
+from .faults import Faults
+from .physics import EngineConfig
+
+SIM_MODEL = "sim-small"
+
+
+@dataclass
+class SimConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    faults: Faults = field(default_factory=Faults)
+    seed: int = field(default=0, metadata=option("Seed for answers, lengths and faults."))
+    accuracy: float = field(
+        default=0.8, metadata=option("Probability of a right answer to a built-in QA question.")
+    )
+    output_median: int = field(
+        default=48, metadata=option("Median answer length in tokens (when not ignore_eos).")
+    )
+    output_sigma: float = 0.6
+    model: str = SIM_MODEL
