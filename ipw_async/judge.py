@@ -5,14 +5,13 @@ The judge scores a *finished* run from its directory, after the measured window,
 by construction (whatever server it is). :func:`judge_run` asks it about each measured answer
 that has a reference, writes every call to ``judge.jsonl`` and finalizes the run again, which
 puts the verdicts in ``correct`` (records, traces, summary) in place of the run's own scoring.
+The prompt and how a verdict reads are :mod:`ipw_async.judging`'s, shared with the simulator.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import hashlib
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,36 +21,14 @@ import httpx
 import polars as pl
 
 from ._loop import run as run_loop
-from .client._events import error_message
+from .client import api_url, error_message
 from .errors import stop_signal
+from .judging import JUDGE_PROMPT, PROMPT_ID, verdict
 from .results import finalize
 from .rundir import files
-from .rundir.manifest import Manifest
-from .rundir.read import read_records, read_tasks
+from .rundir.read import RunDir
 from .telemetry.http import redact_url
 
-# The judge's one prompt (documented in docs/judge.md): the simulator recognises it by its
-# first line, so a run on the embedded default can be judged too.
-JUDGE_PROMPT = (
-    "You are grading an answer against a reference answer.\n"
-    "Question: {question}\n"
-    "Reference answer: {reference}\n"
-    "Answer to grade: {answer}\n"
-    "Is the answer to grade correct, given the reference? "
-    "Reply with exactly one word: CORRECT or INCORRECT."
-)
-
-_VERDICT = re.compile(r"\b(INCORRECT|CORRECT)\b", re.IGNORECASE)
-
-
-def verdict(reply: str) -> bool | None:
-    """True for CORRECT, False for INCORRECT (the first of them in the reply), None for neither."""
-    found = _VERDICT.search(reply)
-    return None if found is None else found.group(1).upper() == "CORRECT"
-
-
-# The prompt's identity in judge.jsonl and the summary: verdicts under another prompt differ.
-PROMPT_ID = hashlib.sha256(JUDGE_PROMPT.encode()).hexdigest()[:12]
 REPLY_CHARS = 200  # of each reply kept in judge.jsonl: a verdict is one word
 UNPARSEABLE = "the reply says neither CORRECT nor INCORRECT"
 
@@ -87,11 +64,11 @@ class Item:
         }
 
 
-def items_to_judge(run_dir: Path) -> tuple[str, list[Item]]:
+def items_to_judge(run: RunDir) -> tuple[str, list[Item]]:
     """What the judge scores, and whether those are ``tasks`` or ``requests``: each measured
     task's final answer where the run logged tasks (not its intermediate turns), else each
     measured record that succeeded; only those with a reference answer. Warm-up is never judged."""
-    tasks = read_tasks(run_dir)
+    tasks = run.tasks
     if tasks:
         return "tasks", [
             Item(
@@ -105,7 +82,7 @@ def items_to_judge(run_dir: Path) -> tuple[str, list[Item]]:
             for t in tasks
             if not t["warmup"] and t["reference"] is not None and t["answer"] is not None and t["turns"]
         ]
-    rows = read_records(run_dir).filter(
+    rows = run.measured_records().filter(
         ~pl.col("warmup") & (pl.col("status") == "ok") & pl.col("reference").is_not_null()
     )
     return "requests", [
@@ -160,16 +137,16 @@ def judge_run(
     not change. Raises :class:`JudgeError` when the judge cannot be reached or there is nothing
     to judge, and RunDirError when the directory is not a finished run.
     """
-    run_dir = Path(run_dir)
-    manifest = Manifest.read(run_dir)
-    if not (run_dir / files.SUMMARY).is_file():
+    run = RunDir.open(run_dir)
+    run_dir, manifest = run.path, run.require_manifest()
+    if not run.finished:  # its answers may still be arriving, or its end was never recorded
         raise JudgeError(
             f"{run_dir} has no {files.SUMMARY}: judge a run once it has finished "
             "(or after `ipw-async recover` for one that died)"
         )
     if concurrency < 1:
         raise JudgeError(f"--concurrency {concurrency}: the judge needs at least 1 call at a time")
-    kind, items = items_to_judge(run_dir)
+    kind, items = items_to_judge(run)
     if not items:
         raise JudgeError(f"{run_dir} has no measured answers with a reference answer, so nothing to judge")
     shown = redact_url(url)
@@ -230,13 +207,17 @@ async def _judge_all(
     shown: str,
 ) -> None:
     """The model judging, and each item's judge.jsonl line into ``judged`` as it comes."""
+    # httpx, not the run's StreamingClient: that client streams events into a run's records and
+    # fails a whole JSON body as not streaming, where a judge call wants one JSON completion.
+    # The model list comes through the same client too, not list_models, so that both share the
+    # judge's key, timeout, TLS and proxy settings, and its failures speak of --judge, where
+    # list_models' speak of the run's --base-url.
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    base = url.rstrip("/")
     limits = httpx.Limits(max_connections=concurrency)
     async with httpx.AsyncClient(headers=headers, timeout=timeout_s, limits=limits) as http:
-        model = judged.model = judged.model or await _first_model(http, base, shown)
+        model = judged.model = judged.model or await _first_model(http, url, shown)
         # the first alone: a judge that cannot be reached is one error, not one per answer
-        first = judged.lines[0] = await _ask(http, base, model, items[0], max_tokens)
+        first = judged.lines[0] = await _ask(http, url, model, items[0], max_tokens)
         _check_reached(first, shown)
         pending = iter(range(1, len(items)))
 
@@ -244,15 +225,15 @@ async def _judge_all(
             # ``concurrency`` workers share one iterator: as many calls in flight, and as many
             # tasks alive, however many answers there are
             for i in pending:
-                judged.lines[i] = await _ask(http, base, model, items[i], max_tokens)
+                judged.lines[i] = await _ask(http, url, model, items[i], max_tokens)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def _first_model(http: httpx.AsyncClient, base: str, shown: str) -> str:
+async def _first_model(http: httpx.AsyncClient, url: str, shown: str) -> str:
     """The first model the judge lists."""
     try:
-        response = await http.get(f"{base}/models")
+        response = await http.get(api_url(url, "/models"))
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise _unreachable(shown, type(exc).__name__) from None
     if response.status_code >= 400:
@@ -286,7 +267,9 @@ def _check_reached(line: dict[str, Any], shown: str) -> None:
         )
 
 
-async def _ask(http: httpx.AsyncClient, base: str, model: str, item: Item, max_tokens: int) -> dict[str, Any]:
+async def _ask(
+    http: httpx.AsyncClient, url: str, model: str, item: Item, max_tokens: int
+) -> dict[str, Any]:
     """One judge call: its line, with the verdict or why there is none (missing is not false)."""
     line = item.line()
     body = {
@@ -305,7 +288,7 @@ async def _ask(http: httpx.AsyncClient, base: str, model: str, item: Item, max_t
     }
     t0 = time.perf_counter()
     try:
-        response = await http.post(f"{base}/chat/completions", json=body)
+        response = await http.post(api_url(url, "/chat/completions"), json=body)
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         line["error"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return line

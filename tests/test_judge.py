@@ -24,11 +24,10 @@ from typer.testing import CliRunner
 
 from ipw_async import QueryTrace, finalize, run_benchmark
 from ipw_async.analysis.accuracy import accuracy_report
-from ipw_async.analysis.rundir import load_run
 from ipw_async.cli import app
 from ipw_async.judge import PROMPT_ID, UNPARSEABLE, JudgeError, judge_run, parse_spec, verdict
 from ipw_async.rundir import files
-from ipw_async.rundir.read import read_tasks
+from ipw_async.rundir.read import RunDir
 
 from .conftest import quick_config
 
@@ -228,7 +227,7 @@ def test_records_follow_the_judge_and_energy_stays_as_measured(
     # traces and the analysis follow: accuracy, and IPJ over the same energy
     traces = {t.turns[0].request_id: t for t in QueryTrace.load_jsonl(run_dir / files.TRACES)}
     assert all(traces[r["request_id"]].correct is r["correct"] for r in after.iter_rows(named=True))
-    report = accuracy_report(load_run(run_dir))
+    report = accuracy_report(RunDir.open(run_dir))
     assert (report["correct"], report["scored"]) == (expected, 12)
     assert report["energy"]["sim"]["ipj"] == pytest.approx(
         expected / 12 / report["energy"]["sim"]["energy_j"]["mean"]
@@ -293,7 +292,7 @@ def test_an_agentic_run_is_judged_on_each_tasks_final_answer(
 ) -> None:
     run_dir = copy(agentic_run, tmp_path)
     before = records(run_dir)
-    tasks = {t["task_id"]: t for t in read_tasks(run_dir)}
+    tasks = {t["task_id"]: t for t in RunDir.open(run_dir).tasks}
     answered = [t for t in tasks.values() if not t["warmup"] and t["answer"] is not None]
     assert len(answered) == 6 and len(tasks) == 7
     judge.reset(lambda reference, answer: "CORRECT" if answer.strip() == reference else "INCORRECT")
@@ -324,7 +323,7 @@ def test_a_task_the_judge_cannot_score_is_left_out_of_task_success(
     agentic_run: Path, judge: ScriptedJudge, tmp_path: Path
 ) -> None:
     run_dir = copy(agentic_run, tmp_path)
-    answered = [t for t in read_tasks(run_dir) if not t["warmup"] and t["answer"] is not None]
+    answered = [t for t in RunDir.open(run_dir).tasks if not t["warmup"] and t["answer"] is not None]
     garbled = {answered[0]["answer"], answered[1]["answer"]}
     judge.reset(lambda reference, answer: "no idea" if answer in garbled else "CORRECT")
     judge_run(run_dir, judge.url)
@@ -368,8 +367,8 @@ def test_a_run_still_going_or_without_answers_to_judge_is_refused(
     with pytest.raises(JudgeError, match="judge a run once it has finished"):
         judge_run(run_dir, judge.url)
     finalize(run_dir)
-    frame = records(run_dir).with_columns(pl.lit(None, pl.String).alias("reference"))
-    files.write_frame(frame, run_dir / files.RECORDS)
+    frame = files.read_arrow(run_dir / files.MEASURED).with_columns(pl.lit(None, pl.String).alias("reference"))
+    files.write_frame(frame, run_dir / files.MEASURED)  # what the run measured: no references
     with pytest.raises(JudgeError, match="nothing to judge"):
         judge_run(run_dir, judge.url)
     assert judge.calls == 0

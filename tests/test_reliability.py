@@ -22,6 +22,7 @@ import pytest
 from ipw_async import RunConfig, read_arrow, run_benchmark
 from ipw_async.client import ClientConfig, StreamingClient
 from ipw_async.records import ErrorType, RequestRecord, Status
+from ipw_async.rundir import RunDirError
 from ipw_async.sim import FAULT_OUTCOMES, Faults, SimConfig, SimulatorProcess
 from ipw_async.workload.body import BodyDefaults, prompt_fields
 
@@ -237,15 +238,19 @@ async def test_odd_servers_get_a_clear_outcome(odd_server: Callable[..., object]
     assert record.error_type is ErrorType.DISCONNECT and "sent no event" in (record.error_message or "")
 
 
-async def test_analyze_recovers_a_run_that_died(tmp_path: Path) -> None:
+async def test_analyze_finishes_a_run_that_died_first(tmp_path: Path) -> None:
     from ipw_async.analysis import analyze
 
     result = await run_benchmark(quick_config(tmp_path, max_queries=12))
-    (result.run_dir / "summary.json").unlink()  # as a kill -9 leaves it
-    (result.run_dir / "traces.jsonl").unlink()
-    report = analyze(result.run_dir, "accuracy", write=False)["accuracy"]
-    assert report["scored"] == 12
+    for name in ("summary.json", "traces.jsonl", "records.arrow"):  # as a kill -9 leaves it
+        (result.run_dir / name).unlink()
+    with pytest.raises(RunDirError, match=r"cut short.*ipw-async recover"):
+        analyze(result.run_dir, "accuracy", write=False)  # the library never finishes a run itself
+    cli = await asyncio.to_thread(_finish, [sys.executable, "-m", "ipw_async", "analyze", str(result.run_dir)])
+    assert cli.returncode == 0, cli.stderr
+    assert "it was cut short" in cli.stderr  # the command finishes it first, and says so
     assert json.loads((result.run_dir / "summary.json").read_text())["requests"]["total"] == 12
+    assert json.loads((result.run_dir / "analysis" / "accuracy.json").read_text())["scored"] == 12
 
 
 @pytest.mark.parametrize("workload", ["single", "agentic"])

@@ -216,11 +216,3 @@ def _meters_from_columns(columns: list[str], summary: dict[str, Any]) -> list[Me
         meters.append(Meter(channel, kind, channel in headline, power_quantity, source, grids))
     return sorted(meters, key=lambda m: (not m.accelerator, m.channel))
 
-
-# TEMPORARY, until judge.py reads through RunDir (being edited concurrently)
-def read_records(run_dir: Path, partial_ok: bool = False) -> pl.DataFrame:
-    return RunDir.open(run_dir).measured_records(partial_ok)
-
-
-def read_tasks(run_dir: Path) -> list[dict[str, Any]]:
-    return RunDir.open(run_dir).tasks
