@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..harness.config import OUTPUT
+from ..harness.panels import OUTPUT
 from ..rundir.manifest import RunDirError
 from ._common import Debug, err, fail, finish_first, out
 

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import Stopped
-from ..harness.config import OUTPUT
+from ..harness.panels import OUTPUT
 from ..judge import JudgeError, JudgeResult, judge_run, parse_spec
 from ..report import ms
 from ..rundir.manifest import RunDirError

@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from .._options import options_of
 from ..harness import RunConfig
-from ..harness.config import OUTPUT
+from ..harness.panels import OUTPUT
 from ._common import fail
 
 DISPLAY_PARAMETERS = [

@@ -12,8 +12,8 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import RunError
-from ..harness.config import TARGET
 from ..harness.live import Display
+from ..harness.panels import TARGET
 from ..proxy import TASK_HEADER, check_exposure, run_proxy
 from ..telemetry.http import read_token, redact_url
 from ..telemetry_agent import is_loopback
