@@ -83,6 +83,41 @@ class _Stop:
         task.cancel()
 
 
+class BetweenRuns:
+    """The stop signals while a command that runs many loops (a sweep, a search) is between two
+    of them: each is remembered and raised as :class:`Stopped` at the command's next
+    :meth:`check`, never in the middle of what it writes between runs. During a run the loop's
+    own handlers (:func:`run`) take over and give these back after it. A second signal kills
+    the process by that signal, as during a run."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __enter__(self) -> BetweenRuns:
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, self._received)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+    def _received(self, signum: int, frame: object) -> None:
+        if self.signum is not None:
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+        self.signum = signum
+
+    def check(self) -> None:
+        """Raise :class:`Stopped` for a stop signal received since the last run ended."""
+        if self.signum is not None:
+            raise Stopped(self.signum)
+
+
 def loop_name() -> str:
     """The running loop's implementation: ``uvloop`` or ``asyncio``."""
     return type(asyncio.get_running_loop()).__module__.split(".")[0]

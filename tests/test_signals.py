@@ -300,3 +300,19 @@ def test_a_background_judge_stops_on_a_signal_and_keeps_its_verdicts(
     assert header["judge"]["interrupted"] is True
     assert [line["verdict"] is not None for line in lines] == [True] * 2 + [False] * 6
     assert lines[-1]["error"] == f"the judge was stopped ({sig.name}) before this answer"
+
+
+def test_a_signal_between_two_runs_stops_the_command_at_its_next_check() -> None:
+    """A sweep or a search between two runs: the signal waits for the next run's start, where
+    the command records it (not in the middle of what it writes between runs), and each run's
+    own handlers give these back when it ends."""
+    before = signal.getsignal(signal.SIGTERM)
+    with _loop.BetweenRuns() as stops:
+        stops.check()  # nothing received: the next run starts
+        _loop.run(asyncio.sleep(0))  # a run in between installs its own handlers, then gives ours back
+        os.kill(os.getpid(), signal.SIGTERM)  # not the default: the process lives on
+        time.sleep(0.05)
+        with pytest.raises(Stopped) as caught:
+            stops.check()
+        assert caught.value.signal == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from .._loop import BetweenRuns
 from .._loop import run as run_loop
 from ..analysis.headline import headline_figures
 from ..analysis.plotting import PlotReport
@@ -168,6 +169,7 @@ def run_search(
     out_dir.mkdir(parents=True, exist_ok=True)
     probes: list[Probe] = []
     stopped_by: signal.Signals | None = None
+    stops = BetweenRuns()
 
     def probe(load: float) -> Probe:
         nonlocal stopped_by
@@ -176,6 +178,7 @@ def run_search(
         probes.append(p)
         try:
             for config in configs:
+                stops.check()  # a signal between two runs stops the search before the next
                 run_loop(run_benchmark(config, display))
             p.status = "ok"
         except RunError as exc:
@@ -199,10 +202,33 @@ def run_search(
             progress(p, len(probes))
         return p
 
-    stop = _bracket(probe, mode, start, max_load, max_probes, lambda: stopped_by)
+    with stops:
+        stop = _search(probe, probes, mode, start, max_load, max_probes, precision, lambda: stopped_by)
+    found, interval = _fitted(probes)
+    summary = _summary(mode, slos, probes, found, interval, stop, base)
+    result = SearchResult(out_dir, mode, slos, probes, found, interval, stop, summary, stopped_by)
+    result.search_dir.mkdir(parents=True, exist_ok=True)
+    files.write_json(result.search_dir / "search.json", summary)
+    result.plots = plot_search(summary, result.search_dir, simulated=summary["simulated"])
+    return result
+
+
+def _search(
+    probe: Callable[[float], Probe],
+    probes: list[Probe],
+    mode: str,
+    start: float,
+    max_load: float,
+    max_probes: int,
+    precision: float,
+    stopped: Callable[[], signal.Signals | None],
+) -> str:
+    """Bracket the boundary, then bisect it until the bracket and its interval are within
+    ``precision``; why the search stopped."""
+    stop = _bracket(probe, mode, start, max_load, max_probes, stopped)
     while stop is None:
-        if stopped_by is not None:
-            stop = f"stopped by {stopped_by.name}"
+        if (sig := stopped()) is not None:
+            stop = f"stopped by {sig.name}"
             break
         found, interval = _fitted(probes)
         if found.estimate is None:
@@ -222,13 +248,7 @@ def run_search(
             stop = f"--max-probes ({max_probes}) reached"
             break
         probe(load)
-    found, interval = _fitted(probes)
-    summary = _summary(mode, slos, probes, found, interval, stop, base)
-    result = SearchResult(out_dir, mode, slos, probes, found, interval, stop, summary, stopped_by)
-    result.search_dir.mkdir(parents=True, exist_ok=True)
-    files.write_json(result.search_dir / "search.json", summary)
-    result.plots = plot_search(summary, result.search_dir, simulated=summary["simulated"])
-    return result
+    return stop
 
 
 def _bracket(

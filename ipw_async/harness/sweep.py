@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._loop import BetweenRuns
 from .._loop import run as run_loop
 from ..analysis.constraints import validate
 from ..analysis.headline import FIGURES, headline_figures
@@ -117,14 +119,15 @@ def run_sweep(
     rows: list[dict[str, Any]] = []
     total = len(levels) * repeats
     interrupted = False
-    for level in levels:
-        for repeat in range(repeats):
+    with BetweenRuns() as stops:
+        for level, repeat in itertools.product(levels, range(repeats)):
             config = level_config(base, level, repeat, out_dir)
             row = run_row(level, repeat, config)
             rows.append(row)
             assert config.output_dir is not None
             previous = _run_id(config.output_dir)
             try:
+                stops.check()  # a signal between two runs stops the sweep before the next
                 run_loop(run_benchmark(config, display))
                 row["status"] = "ok"
             except RunError as exc:
@@ -139,7 +142,5 @@ def run_sweep(
                 progress(row, len(rows), total)
             if interrupted:
                 break
-        if interrupted:
-            break
     simulated = base.base_url is None or any(row["simulated"] for row in rows)
     return write_sweep(out_dir, mode, levels, rows, limits, base.public(), simulated, repeats, interrupted)
