@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import datasets
+import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
@@ -150,3 +151,22 @@ def test_a_summary_from_a_newer_version_is_refused_in_one_line(finished: Path, t
     assert result.exit_code == 2
     line = result.output.strip()
     assert "newer ipw-async" in line and "upgrade" in line and "\n" not in line
+
+
+def test_window_statistics_are_each_querys_own_samples() -> None:
+    """avg, max, median and min over the samples inside each query's [sent, end], skipping a
+    null reading, for two columns on one clock (tied times included): against a direct count."""
+    from ipw_async.export.ipw import _Windows
+
+    t = [0, 10, 10, 20, 30, 40, 50]
+    power = [1.0, 2.0, 3.0, None, 5.0, 6.0, 7.0]
+    memory = [9.0, None, 8.0, 7.0, 6.0, 5.0, 4.0]
+    log = pl.DataFrame({"gpu.t_ns": t, "gpu.power_w": power, "gpu.mem_mb": memory})
+    starts, ends = np.array([5, 0, 60, 35]), np.array([30, 10, 70, 35])  # the last two hold none
+    windows = _Windows(log, starts, ends)
+    for column, values in (("gpu.power_w", power), ("gpu.mem_mb", memory)):
+        got = windows.stats((column, "gpu"))
+        for q, (a, b) in enumerate(zip(starts, ends, strict=True)):
+            inside = [v for ti, v in zip(t, values, strict=True) if a <= ti <= b and v is not None]
+            want = [np.mean(inside), max(inside), np.median(inside), min(inside)] if inside else [np.nan] * 4
+            assert [got[k][q] for k in ("avg", "max", "median", "min")] == pytest.approx(want, nan_ok=True)

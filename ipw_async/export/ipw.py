@@ -169,6 +169,7 @@ class _Windows:
         self._telemetry = telemetry
         self._starts = starts
         self._ends = ends
+        self._samples: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def stats(self, *columns: tuple[str, str], avg: np.ndarray | None = None) -> dict[str, Any]:
         """avg, max, median, min of the first of ``columns`` (a column and the source reading
@@ -180,18 +181,40 @@ class _Windows:
         if found is not None and log is not None and n:
             column, source = found
             times = time_column(source) if time_column(source) in log.columns else "t_ns"
-            samples = log.select(times, column).drop_nulls().sort(times)
-            t = samples.get_column(times).to_numpy()
-            values = samples.get_column(column).to_numpy().astype(float)
-            lo = np.searchsorted(t, self._starts, "left")
-            hi = np.searchsorted(t, self._ends, "right")
-            for i in np.flatnonzero(hi > lo):
-                window = values[lo[i] : hi[i]]
-                out["avg"][i], out["max"][i] = window.mean(), window.max()
-                out["median"][i], out["min"][i] = np.median(window), window.min()
+            # nulls kept (the aggregates skip them) and a stable sort: the same rows in the same
+            # order for every column on one clock, so their windows are found once
+            samples = log.select(times, column).filter(pl.col(times).is_not_null()).sort(times, maintain_order=True)
+            query, position = self._in_windows(times, samples.get_column(times).to_numpy())
+            # every window's samples at once, one row per (query, sample): a loop over the
+            # queries cost 2 s a statistic at 100,000 of them
+            by_query = (
+                pl.DataFrame({"q": query, "v": samples.get_column(column).cast(pl.Float64).gather(position)})
+                .group_by("q")
+                .agg(
+                    pl.col("v").mean().alias("avg"),
+                    pl.col("v").max().alias("max"),
+                    pl.col("v").median().alias("median"),
+                    pl.col("v").min().alias("min"),
+                )
+            )
+            rows = by_query.get_column("q").to_numpy()
+            for name in _STATS:
+                out[name][rows] = by_query.get_column(name).to_numpy()
         if avg is not None:
             out["avg"] = avg
         return out
+
+    def _in_windows(self, times: str, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each (query, sample index) pair with the sample inside the query's window, for the
+        sample times ``t`` of the ``times`` column (the same for every statistic it gives)."""
+        if times not in self._samples:
+            lo = np.searchsorted(t, self._starts, "left")
+            counts = np.searchsorted(t, self._ends, "right") - lo
+            query = np.flatnonzero(counts > 0)
+            counts = counts[query]
+            first = np.repeat(lo[query] - (np.cumsum(counts) - counts), counts)
+            self._samples[times] = (np.repeat(query, counts), np.arange(counts.sum()) + first)
+        return self._samples[times]
 
 
 def _column(rows: pl.DataFrame, name: str) -> np.ndarray:
