@@ -86,6 +86,19 @@ def under(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def _private(module: str) -> bool:
+    """A module named ``_x`` inside a package (not the package's own ``_clock`` and the like)."""
+    name = module.rpartition(".")[2]
+    return module.count(".") >= 2 and name.startswith("_") and not name.startswith("__")
+
+
+def _owns(module: str, private: str) -> bool:
+    """``module`` is in the private module's package, or in that package's parent below the root."""
+    package = private.rpartition(".")[0]
+    parent = package.rpartition(".")[0]
+    return under(module, package) or (parent != "ipw_async" and under(module, parent))
+
+
 def broken_rules(graph: dict[str, set[str]]) -> set[str]:
     why = {
         "harness": "the harness runs benchmarks; this room only reads or measures",
@@ -93,6 +106,7 @@ def broken_rules(graph: dict[str, set[str]]) -> set[str]:
         "telemetry.remote": "remote telemetry is the telemetry package's own business",
         "pool": "the run's ledger and the dispatch protocol know no pool",
         "finisher": "what reads a finished run, and the simulator, sit below the finisher and the package face",
+        "private": "a package's private modules are its own (and its parent's): others use its public names",
     }
     out = set()
     for m, deps in graph.items():
@@ -110,6 +124,8 @@ def broken_rules(graph: dict[str, set[str]]) -> set[str]:
                 d in ("ipw_async", "ipw_async.results", "ipw_async.judge") or under(d, "ipw_async.harness")
             ):
                 rule = "finisher"
+            elif _private(d) and not _owns(m, d):
+                rule = "private"
             elif m in ("ipw_async.harness.ledger", "ipw_async.harness.dispatch") and d in (
                 "ipw_async.harness.workers",
                 "ipw_async.harness.ray_pool",
@@ -147,6 +163,16 @@ def test_a_planted_violation_is_caught() -> None:
     )
     # rundir.read reads telemetry.base: the planted edge back closes a circle
     assert any(v.startswith("circle: ") and "ipw_async.telemetry.base" in v for v in found)
+
+
+def test_a_packages_private_modules_are_its_own() -> None:
+    graph = import_graph()
+    graph["ipw_async.proxy.relay"] = graph["ipw_async.proxy.relay"] | {"ipw_async.client._events"}
+    graph["ipw_async.client._client"] = graph["ipw_async.client._client"] | {"ipw_async.client._events"}
+    found = broken_rules(graph)
+    why = "a package's private modules are its own (and its parent's): others use its public names"
+    assert f"ipw_async.proxy.relay imports ipw_async.client._events: {why}" in found
+    assert not any(v.startswith("ipw_async.client._client imports") for v in found)
 
 
 def test_nothing_that_reads_a_finished_run_finishes_one() -> None:

@@ -1,7 +1,7 @@
 """The OpenAI-compatible streaming client over ipw-async's own transport."""
 
 from ._client import ClientConfig, ServerUnreachable, StreamingClient, api_url, list_models, transport_failed
-from ._events import EventStream, StreamParser, error_message
+from ._events import EventStream, StreamParser, Timings, Usage, error_message, fail, read_usage
 
 __all__ = [
     "ClientConfig",
@@ -9,8 +9,12 @@ __all__ = [
     "ServerUnreachable",
     "StreamParser",
     "StreamingClient",
+    "Timings",
+    "Usage",
     "api_url",
     "error_message",
+    "fail",
     "list_models",
+    "read_usage",
     "transport_failed",
 ]

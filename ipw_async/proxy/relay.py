@@ -11,9 +11,18 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..client import ClientConfig, EventStream, StreamParser
-from ..client._client import api_url, transport_failed
-from ..client._events import Timings, Usage, error_message, fail, read_usage
+from ..client import (
+    ClientConfig,
+    EventStream,
+    StreamParser,
+    Timings,
+    Usage,
+    api_url,
+    error_message,
+    fail,
+    read_usage,
+    transport_failed,
+)
 from ..records import ErrorType, RequestRecord
 from ..transport import ConnectionPool, Exchange
 from .call import WithoutUsage

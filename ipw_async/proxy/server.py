@@ -24,8 +24,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from .._clock import NS, now_ns
-from ..client import ClientConfig
-from ..client._events import fail
+from ..client import ClientConfig, fail
 from ..errors import RunError
 from ..harness.ledger import RunLedger
 from ..records import ErrorType, RequestRecord, Status
