@@ -21,7 +21,8 @@ from .._clock import ClockAnchor, now_ns
 from ..client import ClientConfig, StreamingClient
 from ..errors import RunError
 from ..load import LoadSpec
-from ..rundir.manifest import Manifest, default_run_dir, discard, prepare
+from ..rundir.lifecycle import default_run_dir, discard, prepare
+from ..rundir.manifest import Manifest
 from ..rundir.writer import RunWriter
 from ..sim import SimulatorProcess
 from ..state import Phase, RunState

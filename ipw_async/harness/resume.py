@@ -19,7 +19,8 @@ import polars as pl
 
 from ..errors import RunError
 from ..rundir import files
-from ..rundir.manifest import Manifest, RunDirError, boot_id
+from ..rundir.host import boot_id
+from ..rundir.manifest import Manifest, RunDirError
 from ..rundir.read import RunDir
 from ..sim.process import config_from_json
 from ..telemetry.http import REDACTED

@@ -34,7 +34,7 @@ from ..errors import RunError, stop_signal
 from ..load import LoadSpec
 from ..results import finished
 from ..rundir import files
-from ..rundir.manifest import slug
+from ..rundir.lifecycle import slug
 from .config import RunConfig
 from .live import Display, run_benchmark
 from .sweep import level_config

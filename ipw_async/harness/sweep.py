@@ -23,7 +23,8 @@ from ..analysis.headline import FIGURES, headline_figures
 from ..analysis.sweep import Level, SweepResult, levels_of, write_sweep
 from ..errors import RunError, stop_signal
 from ..results import finished
-from ..rundir.manifest import Manifest, RunDirError, slug
+from ..rundir.lifecycle import slug
+from ..rundir.manifest import Manifest, RunDirError
 from .config import RunConfig
 from .live import Display, run_benchmark
 

@@ -1,4 +1,4 @@
-"""The run directory is the run: ``run.json`` first, then records and telemetry as they come.
+"""``run.json``: the run directory's description, written first and kept current.
 
 ``run.json`` holds what finishing needs besides the data: the config (no secrets), the clock
 anchor, the load, the workload, every telemetry meter with its counter grids, the baseline
@@ -8,24 +8,16 @@ rewritten atomically whenever one of those changes.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import importlib.metadata
-import os
-import platform
-import re
-import shutil
-import socket
-import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .._clock import NS, ClockAnchor
-from ..errors import RunError
 from ..telemetry.base import Meter
 from . import files
+from .host import host, versions
 
 # The run directory's format, carried by run.json and summary.json: raised when what a file
 # holds changes so that an older reader would misread it. 2: the records as measured are in
@@ -45,87 +37,6 @@ def check_format(data: Any, path: Path) -> None:
             f"{path} was written in run format {written} by a newer ipw-async; this one reads "
             f"format {FORMAT} and older: upgrade ipw-async to read it"
         )
-
-
-def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.-]+", "-", text).strip("-")[:40] or "x"
-
-
-def default_run_dir(root: Path, model: str, dataset: str, label: str) -> Path:
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    return root / f"{stamp}_{slug(model)}_{slug(dataset)}_{label}"
-
-
-def prepare(path: Path, overwrite: bool) -> None:
-    """An empty directory for a new run; with ``overwrite``, an old run's files go first."""
-    if path.exists() and any(path.iterdir()):
-        if not overwrite:
-            raise RunError(f"{path} already holds a run; choose another --output-dir or pass --overwrite")
-        _remove_run(path)
-    path.mkdir(parents=True, exist_ok=True)
-
-
-def discard(path: Path, created: bool) -> None:
-    """The files of a run that stopped before it measured anything, and its directory when the
-    run ``created`` it and nothing else is in it: the same command, once fixed, runs again."""
-    _remove_run(path)
-    if created:
-        with contextlib.suppress(OSError):
-            path.rmdir()
-
-
-# a run's files, and what is made from them (stale beside another run: an old judge.jsonl's
-# verdicts would be joined to the new run's requests by id)
-_RUN_FILES = (
-    files.RUN,
-    files.MEASURED,
-    files.RECORDS,
-    files.TELEMETRY,
-    files.TASKS,
-    files.TRACES,
-    files.SUMMARY,
-    files.JUDGE,
-    files.RECORDS_PARQUET,
-    files.TELEMETRY_PARQUET,
-    files.REPORT,
-)
-_DERIVED = ("analysis", "plots", files.DATASET)
-
-
-def _remove_run(path: Path) -> None:
-    for name in _RUN_FILES:
-        (path / name).unlink(missing_ok=True)
-        (path / f"{name}.tmp").unlink(missing_ok=True)
-    for derived in _DERIVED:
-        shutil.rmtree(path / derived, ignore_errors=True)
-
-
-def versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": sys.version.split()[0]}
-    for pkg in ("ipw-async", "httpx", "aiohttp", "polars", "pyarrow", "numpy", "nvidia-ml-py"):
-        try:
-            out[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
-def boot_id() -> str | None:
-    """This boot of this machine (Linux): the monotonic clock is only continuous within one."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
-def host() -> dict[str, Any]:
-    return {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "boot_id": boot_id(),
-    }
 
 
 @dataclass(frozen=True)
