@@ -187,6 +187,8 @@ def _telemetry_rows(table: Table, telemetry: dict[str, Any], energy: dict[str, A
     if late is None:
         return
     said = [f"sampler p99 {late:.1f} ms late"]
+    if sampler.get("cpu_share") is not None:
+        said[0] += f", {sampler['cpu_share']:.1%} of a core"
     if sampler.get("skipped_ticks"):
         skipped = sampler["skipped_ticks"]
         said.append(f"[yellow]{skipped:,} {'tick' if skipped == 1 else 'ticks'} skipped[/]")
@@ -302,9 +304,10 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
         table.add_row("energy", "not measured (no energy source)")
     _telemetry_rows(table, summary.get("telemetry") or {}, energy)
     client = summary.get("client") or {}
-    if client.get("cpu_us_per_event") is not None:
+    if client.get("cpu_us_per_event") is not None or client.get("process_cpu_us_per_event") is not None:
         said = (
-            f"{client['cpu_us_per_event']:.1f} µs CPU per event (whole process), "
+            f"{_num(client.get('cpu_us_per_event'), '.1f', ' µs')} CPU per event on its event loop "
+            f"({_num(client.get('process_cpu_us_per_event'), '.1f', ' µs')} the whole process), "
             f"{_num(client['events_per_s'], ',.0f')} "
             f"events/s, loop lag p99 {_num(client['loop_lag_p99_ms'], '.1f', ' ms')}"
         )

@@ -168,15 +168,16 @@ CLIENT_LAG_MS = 10.0
 def client_stats(
     frame: pl.DataFrame, harness: dict[str, Any] | None, concurrency: int | None
 ) -> dict[str, Any]:
-    """How the client itself did: SSE events/s, its CPU per event, loop lag, how late requests
-    went out against their schedule, how spread the opening burst was, and whether the
-    client rather than the server set the pace."""
+    """How the client itself did: SSE events/s, its CPU per event (its event loops' own threads,
+    and apart the whole process tree with the sampler, the writer and the display), loop lag,
+    how late requests went out against their schedule, how spread the opening burst was, and
+    whether the client rather than the server set the pace (judged on the loops' own CPU)."""
     harness = harness or {}
     rows = measured(frame)
     window = window_s(rows)
     events = int(rows.get_column("chunk_count").sum()) if rows.height else 0
-    cpu_s = harness.get("cpu_s")
-    share = harness.get("cpu_share")
+    loop_s, cpu_s = harness.get("loop_cpu_s"), harness.get("cpu_s")
+    share = harness.get("loop_share")
     processes = harness.get("processes") or 1
     lag_p99 = (harness.get("loop_lag_ms") or {}).get("p99")
     sent = rows.filter(pl.col("sent_ns").is_not_null()).sort("sent_ns")
@@ -193,7 +194,8 @@ def client_stats(
         "processes": processes,
         "events": events,
         "events_per_s": events / window if window and events else None,
-        "cpu_us_per_event": cpu_s / events * 1e6 if cpu_s is not None and events else None,
+        "cpu_us_per_event": loop_s / events * 1e6 if loop_s is not None and events else None,
+        "process_cpu_us_per_event": cpu_s / events * 1e6 if cpu_s is not None and events else None,
         "loop_lag_p99_ms": lag_p99,
         "send_lateness_ms": distribution(late_ms),
         "burst_spread_ms": (burst.max() - burst.min()) / 1e6 if concurrency and burst.len() > 1 else None,  # type: ignore[operator]

@@ -3,12 +3,15 @@ the opening burst's spread, and whether the client rather than the server set th
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import polars as pl
 import pytest
 
 from ipw_async import read_arrow, run_benchmark
+from ipw_async.harness.health import HarnessCpu
 from ipw_async.sim import SimulatorProcess
 from ipw_async.stats import client_stats
 
@@ -25,7 +28,12 @@ async def test_every_run_says_how_its_client_did(tmp_path: Path, sim: SimulatorP
     assert client["events"] == records.get_column("chunk_count").sum() > 0
     assert client["events_per_s"] == pytest.approx(client["events"] / result.summary["window_s"])
     harness = result.summary["harness"]
-    assert client["cpu_us_per_event"] == pytest.approx(harness["cpu_s"] / client["events"] * 1e6)
+    # the event loop's own thread apart from the whole process (sampler, writer, display)
+    assert client["cpu_us_per_event"] == pytest.approx(harness["loop_cpu_s"] / client["events"] * 1e6)
+    assert client["process_cpu_us_per_event"] == pytest.approx(harness["cpu_s"] / client["events"] * 1e6)
+    assert 0 < client["cpu_us_per_event"] < client["process_cpu_us_per_event"]
+    sampler = result.summary["telemetry"]["sampler"]
+    assert sampler["cpu_s"] > 0 and 0 < sampler["cpu_share"] < 1  # its own thread, its own figure
     assert client["send_lateness_ms"]["count"] == records.height
     first = records.sort("sent_ns").head(6).get_column("sent_ns")
     assert client["burst_spread_ms"] == pytest.approx((first.max() - first.min()) / 1e6)
@@ -35,9 +43,12 @@ async def test_every_run_says_how_its_client_did(tmp_path: Path, sim: SimulatorP
 
 def test_a_busy_or_late_loop_is_named_as_the_limit() -> None:
     records = read_arrow(SHORT_RUN / "records.arrow")
-    calm = {"cpu_s": 1.0, "cpu_share": 0.3, "processes": 1, "loop_lag_ms": {"p99": 0.8}}
+    calm = {"cpu_s": 1.0, "cpu_share": 0.3, "loop_cpu_s": 0.9, "loop_share": 0.3, "processes": 1}
+    calm |= {"loop_lag_ms": {"p99": 0.8}}
     assert client_stats(records, calm, 8)["client_limited"] is None
-    busy = calm | {"cpu_share": 0.97}
+    # a process kept busy by its other threads (the sampler's reads) did not limit the client
+    assert client_stats(records, calm | {"cpu_share": 0.97}, 8)["client_limited"] is None
+    busy = calm | {"loop_share": 0.97}
     assert client_stats(records, busy, 8)["client_limited"] == "its event loop was busy 97% of the window"
     assert client_stats(records, busy | {"processes": 2}, 8)["client_limited"] is None  # 49% each
     late = calm | {"loop_lag_ms": {"p99": 25.0}}
@@ -48,4 +59,22 @@ def test_what_was_not_measured_is_null_not_zero() -> None:
     records = read_arrow(SHORT_RUN / "records.arrow")
     stats = client_stats(records, None, None)  # a run that died before it wrote how it ended
     assert stats["cpu_us_per_event"] is None and stats["loop_lag_p99_ms"] is None
+    assert stats["process_cpu_us_per_event"] is None
     assert stats["burst_spread_ms"] is None and stats["event_loop"] is None
+
+
+def test_the_loops_own_cpu_leaves_the_other_threads_out() -> None:
+    cpu = HarnessCpu()
+
+    def burn() -> None:
+        start = time.thread_time()
+        while time.thread_time() - start < 0.3:
+            pass
+
+    with cpu.measuring():  # the caller's thread waits while another works
+        worker = threading.Thread(target=burn)
+        worker.start()
+        worker.join()
+    figures = cpu.summary()
+    assert figures["cpu_s"] is not None and figures["loop_cpu_s"] is not None
+    assert figures["cpu_s"] >= 0.3 and figures["loop_cpu_s"] < 0.05

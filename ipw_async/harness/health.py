@@ -7,6 +7,7 @@ import contextlib
 import gc
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import psutil
@@ -33,39 +34,57 @@ class LoopLag:
         return float(np.percentile(recent, 99)) if recent else None
 
 
+@dataclass(frozen=True)
+class _CpuTimes:
+    process_s: float  # this process, every thread, and the worker processes
+    loop_s: float  # the event loops' own threads: this process's and each worker's main thread
+    wall_s: float
+
+
 class HarnessCpu:
-    """CPU time of the harness over the measured phase: this process (all its threads) and
-    the worker processes it was told of."""
+    """CPU time of the harness over the measured phase: the whole of this process and the
+    worker processes it was told of, and apart from it the event loops' own threads, where the
+    client runs. Entered and left on the loop's thread (``time.thread_time`` is the caller's)."""
 
     def __init__(self) -> None:
-        self._start: tuple[float, float] | None = None
-        self._stop: tuple[float, float] | None = None
+        self._start: _CpuTimes | None = None
+        self._stop: _CpuTimes | None = None
         self._workers: list[psutil.Process] = []
 
     def track(self, pids: list[int]) -> None:
         self._workers = [psutil.Process(pid) for pid in pids]
 
-    def _cpu(self) -> float:
-        total = time.process_time()
+    def _now(self) -> _CpuTimes:
+        process, loop = time.process_time(), time.thread_time()
         for proc in self._workers:
             with contextlib.suppress(psutil.Error):
                 times = proc.cpu_times()
-                total += times.user + times.system
-        return total
+                process += times.user + times.system
+                # a worker's loop is its main thread, whose id on Linux is the process's
+                main = [t for t in proc.threads() if t.id == proc.pid]
+                loop += sum(t.user_time + t.system_time for t in main)
+        return _CpuTimes(process, loop, time.perf_counter())
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[None]:
-        self._start = (self._cpu(), time.perf_counter())
+        self._start = self._now()
         try:
             yield
         finally:
-            self._stop = (self._cpu(), time.perf_counter())
+            self._stop = self._now()
 
     def summary(self) -> dict[str, float | None]:
         if self._start is None or self._stop is None:
-            return {"cpu_s": None, "cpu_share": None}
-        cpu, wall = self._stop[0] - self._start[0], self._stop[1] - self._start[1]
-        return {"cpu_s": cpu, "cpu_share": cpu / wall if wall > 0 else None}
+            return dict.fromkeys(("cpu_s", "cpu_share", "loop_cpu_s", "loop_share"))
+        wall = self._stop.wall_s - self._start.wall_s
+        cpu = self._stop.process_s - self._start.process_s
+        loop = self._stop.loop_s - self._start.loop_s
+        return {
+            "cpu_s": cpu,
+            "cpu_share": cpu / wall if wall > 0 else None,
+            "loop_cpu_s": loop,
+            "loop_share": loop / wall if wall > 0 else None,
+        }
 
 
 @contextlib.contextmanager

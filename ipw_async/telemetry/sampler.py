@@ -7,6 +7,7 @@ import os
 import random
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -105,6 +106,10 @@ class SamplerQuality:
     # per meter: the longest time between two of its readings (a hung agent, skipped ticks)
     # beside its counter's update period, which a gap longer than blurs
     gaps: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    # the sampler thread's own CPU (its reads, probes and rows) and its share of one core over
+    # the time it ran: a cost apart from the client's, whatever the load
+    cpu_s: float | None = None
+    cpu_share: float | None = None
 
 
 # While the sampler thread waits for the GIL, the loop's thread keeps it for up to this long
@@ -185,6 +190,8 @@ class Sampler:
         self.scheduling = "normal"
         self.log = TelemetryLog(sources)
         self.skipped = 0
+        self.cpu_s: float | None = None  # the sampler thread's CPU, once it has stopped
+        self.cpu_share: float | None = None
         self.grids: dict[str, list[CounterGrid]] = {}  # per counter meter, one per probe that found it
         self._sources = sources
         # sources that learn their own counters' grids (an agent) are not probed from here
@@ -293,6 +300,15 @@ class Sampler:
                 _switch_interval.release()
 
     def _ticks(self, stop: threading.Event) -> None:
+        cpu = time.thread_time()
+        start = now_ns()
+        try:
+            self._tick_until(stop)
+        finally:
+            self.cpu_s, wall = time.thread_time() - cpu, (now_ns() - start) / NS
+            self.cpu_share = self.cpu_s / wall if wall > 0 else None
+
+    def _tick_until(self, stop: threading.Event) -> None:
         self.scheduling = ask_realtime() if self.realtime else "normal (real-time not asked for)"
         start = deadline = probe_start = probe_next = now_ns()
         probe_end = start + self.probe_ns
@@ -413,6 +429,8 @@ class Sampler:
             read_latency_ms={s.source.name: ms(f"{s.source.name}.read_ns") for s in self._sources},
             scheduling=self.scheduling,
             gaps={m.channel: self._gap(m) for m in self.meters},
+            cpu_s=self.cpu_s,
+            cpu_share=self.cpu_share,
         )
 
     def _gap(self, meter: Meter) -> dict[str, float | None]:
