@@ -1,0 +1,78 @@
+"""Does the meter move what it measures? The same load run as users run it, with the default
+telemetry and with ``--telemetry none``, side by side.
+
+Each pair is two ``ipw-async run`` processes (each with its built-in simulator) one after the
+other at the same concurrency, seed and request count; the order alternates between pairs so
+that a machine warming up or slowing down does not favour one side. Printed per side (median
+over the pairs): TTFT p50 / p99, e2e p50, loop lag p99, the client's CPU per SSE event on its
+event loop and for the whole process, and the sampler's share of a core; then the ratio of
+each default figure to its ``--telemetry none`` twin.
+
+    python benchmarks/telemetry_overhead.py [--concurrency 64] [--requests 1500] [--pairs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SIDES = {"default": [], "none": ["--telemetry", "none"]}
+FIGURES = {  # name: (unit, where in summary.json)
+    "ttft p50": ("ms", ("latency_s", "ttft", "p50"), 1e3),
+    "ttft p99": ("ms", ("latency_s", "ttft", "p99"), 1e3),
+    "e2e p50": ("ms", ("latency_s", "e2e", "p50"), 1e3),
+    "loop lag p99": ("ms", ("client", "loop_lag_p99_ms"), 1.0),
+    "loop CPU/event": ("µs", ("client", "cpu_us_per_event"), 1.0),
+    "process CPU/event": ("µs", ("client", "process_cpu_us_per_event"), 1.0),
+    "sampler core share": ("%", ("telemetry", "sampler", "cpu_share"), 100.0),
+}
+
+
+def run(side: str, out: Path, concurrency: int, requests: int, seed: int) -> dict[str, Any]:
+    command = [sys.executable, "-m", "ipw_async", "run", "-c", str(concurrency), "-n", str(requests)]
+    command += ["--seed", str(seed), "--baseline-s", "1", "-q", "-o", str(out), *SIDES[side]]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return summary
+
+
+def figure(summary: dict[str, Any], path: tuple[str, ...], scale: float) -> float | None:
+    value: Any = summary
+    for key in path:
+        value = (value or {}).get(key)
+    return None if value is None else float(value) * scale
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", type=int, default=64, help="streams in flight")
+    parser.add_argument("--requests", type=int, default=1500, help="requests measured per run")
+    parser.add_argument("--pairs", type=int, default=3, help="runs per side (the order alternates)")
+    args = parser.parse_args()
+    found: dict[str, dict[str, list[float]]] = {side: {name: [] for name in FIGURES} for side in SIDES}
+    with tempfile.TemporaryDirectory() as tmp:
+        for pair in range(args.pairs):
+            order = list(SIDES) if pair % 2 == 0 else list(SIDES)[::-1]
+            for side in order:
+                summary = run(side, Path(tmp) / f"{side}{pair}", args.concurrency, args.requests, pair)
+                for name, (_, path, scale) in FIGURES.items():
+                    value = figure(summary, path, scale)
+                    if value is not None:
+                        found[side][name].append(value)
+    print(f"c={args.concurrency}, {args.requests} requests a run, {args.pairs} pairs (medians)")
+    print(f"{'figure':<20}{'default':>12}{'--telemetry none':>18}{'ratio':>8}")
+    for name, (unit, _, _) in FIGURES.items():
+        default, none = (statistics.median(found[s][name]) if found[s][name] else None for s in SIDES)
+        ratio = f"{default / none:.2f}" if default is not None and none else "—"
+        shown = [f"{v:,.2f} {unit}" if v is not None else "—" for v in (default, none)]
+        print(f"{name:<20}{shown[0]:>12}{shown[1]:>18}{ratio:>8}")
+
+
+if __name__ == "__main__":
+    main()
