@@ -71,6 +71,7 @@ def test_ipw_documented_access_path_reads_each_querys_energy(finished: Path) -> 
     # missing is not zero: nothing counts FLOPs, nobody scored these synthetic answers
     assert metrics["compute_metrics"] == {"flops_per_request": None, "macs_per_request": None}
     assert metrics["lm_correctness"] is None
+    assert metrics["gpu_info"]["device_id"] is None  # the simulator's device has no index
     # the whole dataset round-trips through datasets' own Parquet writer too
     out = finished / "roundtrip.parquet"
     ds.to_parquet(str(out))

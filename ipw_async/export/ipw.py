@@ -32,7 +32,9 @@ of the measurement.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -245,19 +247,30 @@ def _struct(fields: dict[str, Any], height: int) -> pl.Series:
             columns[name] = pl.Series(name, value, dtype=pl.Float64).fill_nan(None)
         elif isinstance(value, pl.Series):
             columns[name] = value.alias(name)
+        elif isinstance(value, _Unknown):  # null, in the type the field has where it is known
+            columns[name] = pl.Series(name, [None] * height, dtype=value.dtype)
         else:  # one value for every row (a field nothing here measures, the host's)
             columns[name] = pl.Series(name, [value] * height, dtype=_CONSTANT_TYPES.get(type(value)))
     return pl.DataFrame(columns).select(pl.struct(pl.all())).to_series()
 
 
+@dataclass(frozen=True)
+class _Unknown:
+    """A field the run does not know (missing is not zero): null, of this type."""
+
+    dtype: pl.DataType
+
+
 def _gpu_info(summary: dict[str, Any], headline: Sequence[Meter]) -> dict[str, Any]:
-    """The first headline meter's device as its source described it (name and backend)."""
+    """The first headline meter's device as its source described it (name, backend, and its
+    index where the meter is an NVML or AMD SMI device, ``gpu<index>``)."""
     sources = (summary.get("telemetry") or {}).get("sources") or {}
     meter = headline[0] if headline else None
+    index = re.fullmatch(r"gpu(\d+)", meter.channel) if meter else None
     return {
         "name": sources.get(meter.source, "") if meter else "",
         "vendor": "",
-        "device_id": 0,
+        "device_id": int(index.group(1)) if index else _Unknown(pl.Int64()),
         "device_type": "simulated" if summary.get("simulated") else "",
         "backend": meter.source if meter else "",
     }
@@ -271,7 +284,7 @@ def _system_info(summary: dict[str, Any]) -> dict[str, Any]:
         "os_version": platform,
         "kernel_version": platform.split("-")[1] if platform.count("-") else "",
         "host_name": host.get("hostname") or "",
-        "cpu_count": int(host.get("cpu_count") or 0),
+        "cpu_count": int(host["cpu_count"]) if host.get("cpu_count") else _Unknown(pl.Int64()),
         "cpu_brand": host.get("machine") or "",
     }
 
