@@ -14,9 +14,11 @@ from scipy.signal import lfilter
 
 from ipw_async import finalize
 from ipw_async.energy import fit as fit_module
+from ipw_async.energy.band import interval_error
 from ipw_async.energy.counter import VirtualCounter
 from ipw_async.energy.fit import fit, parse_effects
 from ipw_async.energy.model import PowerModel
+from ipw_async.energy.parameters import EFFECTS, GRIDDED, NAMES, PARAMETERS, Evaluation, Scales, bounds
 from ipw_async.energy.prefill import CAPPED_PREFILL_WEIGHT
 from ipw_async.energy.problem import Problem
 from ipw_async.energy.steps import Steps, infer_steps, step_starts
@@ -458,3 +460,81 @@ def test_an_unknown_power_model_effect_is_refused_naming_the_choices(text: str) 
         ValueError, match=r"unknown power-model effect .*curve, step, context, position, lag, drift"
     ):
         parse_effects(text)
+
+
+def everything_problem(seed: int = 3, n: int = 300) -> Problem:
+    """A run with all any row needs to be free: prompts, context, positions and no measured
+    static; its meter's energies are noise (the terms do not depend on them)."""
+    rng = np.random.default_rng(seed)
+    duration = rng.uniform(10, 40, n) * MS
+    end = np.cumsum(duration)
+    decode = rng.integers(1, 64, n).astype(float)
+    prefill = np.where(rng.random(n) < 0.3, rng.uniform(50, 1500, n), 0.0)
+    context, position = decode * rng.uniform(0.1, 4.0, n), prefill * rng.uniform(0.0, 4.0, n)
+    one = np.arange(n)
+    steps = Steps(
+        end - duration, end, decode, prefill, np.zeros(n, int), one, decode, prefill, context, position
+    )
+    knots = np.arange(0.0, end[-1] + 100 * MS, 100 * MS)
+    energy = rng.uniform(5.0, 50.0, knots.size - 1)
+    counter = VirtualCounter(
+        knots, np.concatenate(([0.0], np.cumsum(energy))), np.zeros(energy.size, dtype=bool)
+    )
+    return Problem(counter, steps, None, default_prefill_weight=0.25)
+
+
+def test_the_parameter_table_is_whole_and_each_effect_frees_exactly_its_rows() -> None:
+    problem = everything_problem()
+    assert len(set(NAMES)) == len(NAMES)
+    # every effect is rows of the table, or a grid of the design (the lag)
+    assert {row.effect for row in PARAMETERS} - {None} | GRIDDED == set(EFFECTS)
+    fields = set(PowerModel.__dataclass_fields__)
+    assert all(row.attribute in fields for row in PARAMETERS if row.attribute)
+    summary = PowerModel(60.0, 20.0, 0.25).as_dict()
+    assert all((row.key or row.attribute) in summary for row in PARAMETERS if row.attribute)
+    scales = Scales.of(problem, 300.0)
+    for row in PARAMETERS:
+        for effects in (frozenset(EFFECTS), frozenset()):
+            start, lower, upper = row.at(scales, effects)
+            assert lower <= start <= upper, (row.name, effects)
+    everything = frozenset(EFFECTS)
+    _, lo, hi = bounds(problem, everything, 300.0)
+    assert np.all(lo < hi)  # a run with everything frees every row
+    for effect in EFFECTS:
+        _, lo, hi = bounds(problem, everything - {effect}, 300.0)
+        fixed = {name for name, a, b in zip(NAMES, lo, hi, strict=True) if a == b}
+        assert fixed == {row.name for row in PARAMETERS if row.effect == effect}, effect
+
+
+def test_each_rows_term_is_how_the_modelled_energy_moves_with_it() -> None:
+    # every row's term against central differences of the prediction: a row whose value the
+    # prediction ignores, or uses otherwise than its term says, fails here
+    problem = everything_problem()
+    design = problem.design(40.0)
+    h = problem.drift(30.0).integral(problem.counter.t)
+    values = dict(static=80.0, drift=0.1, step=30.0, scale=5.0, prefill=0.3, exponent=0.8, cap=np.inf)
+    values |= dict(context=0.5, position=0.7)
+    theta = np.array([values[name] for name in NAMES])
+    # a cap that half the steps reach
+    theta[NAMES.index("cap")] = float(np.median(Evaluation.at(theta, problem, design, h).power))
+    jac = Evaluation.at(theta, problem, design, h).jacobian(np.ones(len(NAMES), dtype=bool))
+    for i, name in enumerate(NAMES):
+        d = 1e-6 * max(abs(theta[i]), 1.0)
+        up, down = theta.copy(), theta.copy()
+        up[i] += d
+        down[i] -= d
+        moved = Evaluation.at(up, problem, design, h).energy - Evaluation.at(down, problem, design, h).energy
+        assert np.any(jac[:, i] != 0.0), name
+        assert jac[:, i] == pytest.approx(moved / (2 * d), rel=1e-4, abs=1e-6), name
+
+
+def test_a_run_too_short_to_hold_intervals_out_says_so_and_its_band_widens() -> None:
+    truth = PowerModel(static_w=60.0, scale_w=20.0, prefill_weight=0.8)
+    knots, energy, steps = synthetic(truth, seed=2, n=60)
+    short = fit_trace(knots[:16], energy[:15], steps, static_w=None)  # 15 intervals: too few to hold out
+    assert short.held_out_error is None and short.in_sample_error is not None
+    assert any("too few to hold any out" in n for n in short.notes)
+    assert interval_error(short.held_out_error, short.in_sample_error) == 2 * short.in_sample_error
+    unfitted = fit_trace(knots[:6], energy[:5], steps, static_w=None)  # too few to fit at all
+    assert unfitted.held_out_error is None and unfitted.in_sample_error is None
+    assert interval_error(unfitted.held_out_error, unfitted.in_sample_error) == 1.0

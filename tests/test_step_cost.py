@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from ipw_async.energy import AttributionConfig, attribute
-from ipw_async.energy.stepcost import TERMS, StepCost, entry_features
+from ipw_async.energy.stepcost import CONTEXT_COSTS, COSTS, TERMS, StepCost, entry_features
 from ipw_async.energy.steps import Steps
 from ipw_async.records import RequestRecord, records_frame
 from ipw_async.telemetry.base import Meter
@@ -81,6 +81,27 @@ def test_the_context_a_padded_batch_reads_is_shared_and_unpadded_it_is_own() -> 
     steps.entry_context = np.array([3.0, 1.0])  # thousands of KV positions each read
     assert entry_energy(steps, {"per_context_ktoken_j": 1.0}) == pytest.approx([2.0, 2.0])
     assert entry_energy(steps, {"per_context_ktoken_j": 1.0}, "own") == pytest.approx([3.0, 1.0])
+
+
+def test_every_step_cost_is_a_row_whose_units_its_step_keeps_however_shared() -> None:
+    steps = scripted([[0, 1, 2], [1, 2]], [[3.0, 1.0, 1.0], [1.0, 2.0]], {3: (0, 400.0), 4: (1, 100.0)})
+    steps.entry_context = np.arange(steps.req.size, dtype=float)
+    steps.entry_position = np.where(steps.entry_prefill > 0, 0.5, 0.0)
+    assert len(set(TERMS)) == len(TERMS) and all(name.endswith(("_j", "_w")) for name in TERMS)
+    own = np.column_stack([cost.units(steps) for cost in COSTS])
+    decoding = steps.entry_decode > 0
+    for reading in CONTEXT_COSTS:
+        features = entry_features(steps, reading)
+        assert features.shape == (steps.req.size, len(COSTS))
+        for j, cost in enumerate(COSTS):
+            assert steps.per_step(features[:, j]) == pytest.approx(steps.per_step(own[:, j])), cost.name
+            if reading in cost.shared:  # its step's units, in equal parts to the decoders only
+                for k in range(steps.count):
+                    parts = features[(steps.step == k) & decoding, j]
+                    assert parts == pytest.approx(np.full(parts.size, parts.mean())), cost.name
+                assert not features[~decoding, j].any(), cost.name
+            else:
+                assert features[:, j] == pytest.approx(own[:, j]), cost.name
 
 
 def _run(

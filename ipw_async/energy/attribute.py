@@ -24,7 +24,7 @@ from scipy import sparse
 from .._clock import NS
 from ..records import end_ns
 from ..telemetry.base import Meter
-from .band import band, cost_band, perturbed
+from .band import band, cost_band, interval_error, perturbed
 from .counter import VirtualCounter, counter_timing, covering, idle_power, series, virtual_counter
 from .fit import fit, parse_effects
 from .model import PowerModel
@@ -281,7 +281,8 @@ def attribute_meter(
         timeline = Timeline(vc, inputs.active, [*cuts, work.last_step, work.placed], n)
         energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
         others = [_apply(timeline, split)[0] for split in splits]
-        error = 0.0 if model is None else model.held_out_error
+        # no power model, no model error; one not held out widens the band by what it did measure
+        error = 0.0 if model is None else interval_error(model.held_out_error, model.in_sample_error)
         low, high = band(
             timeline, [work.last_step, work.placed], [energy, *others], baseline, chosen.pooled, error
         )

@@ -17,6 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from .model import PowerModel
+from .parameters import PARAMETERS
 from .prefill import LEAST_PREFILL_WEIGHT, MOST_PREFILL_WEIGHT
 from .split import Segments, Timeline
 
@@ -25,16 +26,27 @@ Z = 1.96  # a parameter moved this many standard errors either way
 
 
 def perturbed(model: PowerModel) -> list[PowerModel]:
-    """The model with each weight that splits a step moved ±Z standard errors (within bounds)."""
+    """The model with each weight that splits a step moved ±Z standard errors (at least its
+    lower bound)."""
     out = []
-    for param, attr in (("prefill", "prefill_weight"), ("context", "context_weight"), ("position", "position_weight")):
-        error = model.errors.get(param)
-        if error is None or not np.isfinite(error) or error <= 0:
+    for row in PARAMETERS:
+        error = model.errors.get(row.name)
+        if not row.in_work or row.attribute is None or error is None or not np.isfinite(error) or error <= 0:
             continue
-        value = getattr(model, attr)
+        value = getattr(model, row.attribute)
         for moved in (value - Z * error, value + Z * error):
-            out.append(replace(model, **{attr: max(moved, 0.0 if attr != "prefill_weight" else 0.01)}))
+            out.append(replace(model, **{row.attribute: max(moved, row.lower)}))
     return out
+
+
+def interval_error(held_out: float | None, in_sample: float | None) -> float:
+    """The interval error a band widens by: held out where the run could hold intervals out,
+    else twice the in-sample error (unmeasured is not small), else all of it."""
+    if held_out is not None:
+        return held_out
+    if in_sample is not None:
+        return 2 * in_sample
+    return 1.0
 
 
 def band(

@@ -9,7 +9,8 @@ selection is greedy: from static + linear work, add the effect that predicts bes
 earns its place (in a short run, where none does alone, the best pair of them). A meter's lag
 is fitted over a grid of time constants (each step's energy spills past it as a first-order
 response), a drifting static over a covariate's time constants, the rest by bounded least
-squares with an analytic Jacobian.
+squares with an analytic Jacobian: the parameters, their bounds and their terms are the table
+in :mod:`.parameters`.
 """
 
 from __future__ import annotations
@@ -19,15 +20,15 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 
 import numpy as np
-from scipy import sparse
 from scipy.optimize import least_squares
 from scipy.stats import wilcoxon
 
-from .model import DEFAULT_EXPONENT, EFFECTS, Drift, PowerModel
+from .drift import Drift
+from .model import PowerModel
+from .parameters import EFFECTS, NAMES, PARAMETERS, Evaluation, applicable_effects, bounds
 from .prefill import identified_prefill_weight
 from .problem import LAGS_MS, Problem
 
-PARAMS = ("static", "drift", "step", "scale", "prefill", "exponent", "cap", "context", "position")
 FOLDS = 4
 MIN_FOLD_INTERVALS = 6  # fewer usable intervals a fold than this: no selection, the base model
 # A longer run's model is chosen over this many meter intervals mid-run (4 min of a 100 ms
@@ -40,13 +41,6 @@ MIN_GAIN = 0.02
 # only float residue (a counter in mJ resolves 1e-4 of a 10 J interval)
 RESOLUTION = 1e-3
 SIGNIFICANCE = 0.05
-# How far static power can drift, per unit of its covariate: leakage grows with the die's
-# temperature (about doubling every 20-30 °C, and it is only part of idle power), so static
-# gains at most 5% of itself per °C; a die warmed by P watts of work adds at most P/4 to its
-# static. Unbounded, a short run's drift fits the meter's lag and the curve instead: a 2.6 s
-# run's static "rose" 24 W per °C, 20 times what a die does, and its queries' energy was off 12%.
-DRIFT_PER_C = 0.05
-DRIFT_PER_W = 0.25
 # Below this many intervals, where no single effect earns its place, pairs are tried: a short
 # run's lag and curve can each predict worse alone than neither, and best together. A long run
 # has the data to show each one's gain alone, and there the pairs took a third of finalizing
@@ -69,74 +63,6 @@ class Fit:
     free: np.ndarray
 
 
-def _predict(
-    theta: np.ndarray,
-    problem: Problem,
-    design: sparse.csr_matrix,
-    h: np.ndarray,
-    jac_of: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Each interval's modelled energy (J) and, for the parameters ``jac_of`` marks, its Jacobian."""
-    static, drift, step, scale, w, gamma, cap, kappa, kappa_p = theta
-    decode, context, prefill, position = problem.features
-    work = np.maximum(decode + kappa * context + w * (prefill + kappa_p * position), 1e-9)
-    powered = work**gamma
-    raw = step + scale * powered
-    below = raw < cap
-    power = np.where(below, raw, cap)
-    energy = static * problem.dt + drift * h + design @ power
-    if jac_of is None:
-        return energy, None
-    d_work = np.where(below, scale * gamma * work ** (gamma - 1), 0.0)
-    columns = {
-        "static": problem.dt,
-        "drift": h,
-        "step": design @ below.astype(float),
-        "scale": design @ np.where(below, powered, 0.0),
-        "prefill": design @ (d_work * (prefill + kappa_p * position)),
-        "exponent": design @ np.where(below, scale * powered * np.log(work), 0.0),
-        "cap": design @ (~below).astype(float),
-        "context": design @ (d_work * context),
-        "position": design @ (d_work * w * position),
-    }
-    return energy, np.column_stack([columns[p] for i, p in enumerate(PARAMS) if jac_of[i]])
-
-
-def _bounds(
-    problem: Problem, effects: frozenset[str], peak_w: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Start, lower and upper bounds of every parameter; equal bounds fix it."""
-    static0 = (
-        problem.static_w
-        if problem.static_w is not None
-        else float(
-            np.percentile(problem.energy[problem.usable] / np.maximum(problem.dt[problem.usable], 1e-9), 5)
-        )
-    )
-    w0 = problem.default_prefill_weight
-    start = np.array([static0, 0.0, 0.0, 1.0, w0, DEFAULT_EXPONENT, np.inf, 0.0, 0.0])
-    lo = np.array([0.0, 0.0, 0.0, 0.0, 0.01, 0.2, 0.0, 0.0, 0.0])
-    hi = np.array([np.inf, np.inf, np.inf, np.inf, 10.0, 1.5, np.inf, 20.0, 20.0])
-    fixed = {
-        "static": problem.static_w is not None,
-        "drift": "drift" not in effects,
-        "step": "step" not in effects,
-        "prefill": not problem.has_prefill,
-        "exponent": "curve" not in effects,
-        "cap": "curve" not in effects,
-        "context": "context" not in effects or not problem.has_context,
-        "position": "position" not in effects or not problem.has_prefill,
-    }
-    if "curve" in effects:
-        start[5], start[6] = 0.8, 2 * max(peak_w, 1.0)
-    if "drift" in effects:
-        hi[1] = DRIFT_PER_C * static0 if problem.temperature is not None else DRIFT_PER_W
-    for i, name in enumerate(PARAMS):
-        if fixed.get(name):
-            lo[i] = hi[i] = start[i]
-    return start, lo, hi
-
-
 def _solve(
     problem: Problem,
     effects: frozenset[str],
@@ -149,7 +75,7 @@ def _solve(
     design = problem.design(lag_ms)
     h = drift.integral(problem.counter.t) if drift is not None else np.zeros_like(problem.dt)
     peak = float(np.max(problem.energy[problem.usable] / np.maximum(problem.dt[problem.usable], 1e-9)))
-    base, lo, hi = _bounds(problem, effects, peak)
+    base, lo, hi = bounds(problem, effects, peak)
     free = lo < hi
     best: Fit | None = None
     for start in starts:
@@ -159,12 +85,12 @@ def _solve(
         def residuals(x: np.ndarray, theta: np.ndarray = theta) -> np.ndarray:
             full = theta.copy()
             full[free] = x
-            return (_predict(full, problem, design, h)[0] - problem.energy)[train] / problem.scale
+            return (Evaluation.at(full, problem, design, h).energy - problem.energy)[train] / problem.scale
 
         def jacobian(x: np.ndarray, theta: np.ndarray = theta) -> np.ndarray:
             full = theta.copy()
             full[free] = x
-            return _predict(full, problem, design, h, free)[1][train] / problem.scale  # type: ignore[index]
+            return Evaluation.at(full, problem, design, h).jacobian(free)[train] / problem.scale
 
         x0 = np.clip(theta[free], lo[free], hi[free])
         try:
@@ -204,7 +130,7 @@ def _held_out(problem: Problem, full: Fit) -> np.ndarray:
         train = problem.usable.copy()
         train[block] = False
         fold = _solve(problem, full.effects, train, full.lag_ms, full.drift, [full.theta])
-        predicted = _predict(fold.theta, problem, problem.design(fold.lag_ms), h)[0]
+        predicted = Evaluation.at(fold.theta, problem, problem.design(fold.lag_ms), h).energy
         out[block] = (predicted - problem.energy)[block] / problem.scale
     return out[usable]
 
@@ -227,31 +153,26 @@ def _better(richer: np.ndarray, simpler: np.ndarray, tried: int = 1) -> bool:
 
 
 def _model(problem: Problem, chosen: Fit, notes: list[str]) -> PowerModel:
-    static, drift, step, scale, w, gamma, cap, kappa, kappa_p = (float(v) for v in chosen.theta)
+    values = dict(zip(NAMES, (float(v) for v in chosen.theta), strict=True))
     resid = chosen.residuals * problem.scale
     target = problem.energy[problem.usable] - problem.energy[problem.usable].mean()
     r2 = 1.0 - float(resid @ resid) / float(target @ target) if target.any() else None
     errors = _standard_errors(chosen.jac, chosen.residuals)
-    free_names = [p for p, f in zip(PARAMS, chosen.free, strict=True) if f]
+    free_names = [name for name, f in zip(NAMES, chosen.free, strict=True) if f]
     model = PowerModel(
-        static_w=static,
-        scale_w=scale,
-        prefill_weight=w,
-        exponent=gamma,
-        cap_w=cap,
-        step_w=step,
-        context_weight=kappa,
-        position_weight=kappa_p,
+        **{row.attribute: values[row.name] for row in PARAMETERS if row.attribute},
         lag_ms=chosen.lag_ms,
-        drift=None if chosen.drift is None else replace(chosen.drift, coef_w=drift),
+        drift=None if chosen.drift is None else replace(chosen.drift, coef_w=values["drift"]),
         effects=tuple(e for e in EFFECTS if e in chosen.effects),
         r2=r2,
+        in_sample_error=_rmse(chosen.residuals),
         intervals=int(problem.usable.sum()),
         notes=notes,
         errors=dict(zip(free_names, (float(e) for e in errors), strict=True)),
     )
+    work = np.maximum(model.step_work(problem.steps), 1e-9)
     if np.isfinite(model.cap_w) and model.cap_w > float(
-        np.max(step + scale * np.power(np.maximum(model.step_work(problem.steps), 1e-9), gamma))
+        np.max(model.step_w + model.scale_w * np.power(work, model.exponent))
     ):
         model.cap_w = float("inf")  # no step reached it: the run says nothing of a cap
     if problem.has_prefill:
@@ -280,22 +201,20 @@ def _curve_starts(problem: Problem, parent: np.ndarray) -> list[np.ndarray]:
     weight is a poor start for a curve's: start from several curvatures at the stated weight,
     each scaled to draw the parent's mean step power, its heaviest steps at the cap."""
     decode, context, prefill, position = problem.features
-    _, _, step, scale, w, gamma, cap, kappa, kappa_p = parent
-    mean_power = float(
-        np.mean(np.minimum(cap, step + scale * (decode + kappa * context + w * prefill) ** gamma))
-    )
-    work = np.maximum(
-        decode + kappa * context + problem.default_prefill_weight * (prefill + kappa_p * position), 1e-9
-    )
+    v = dict(zip(NAMES, parent, strict=True))
+    step, scale, w0 = v["step"], v["scale"], problem.default_prefill_weight
+    linear = decode + v["context"] * context + v["prefill"] * prefill
+    mean_power = float(np.mean(np.minimum(v["cap"], step + scale * linear ** v["exponent"])))
+    work = np.maximum(decode + v["context"] * context + w0 * (prefill + v["position"] * position), 1e-9)
     starts = []
     for curvature in (0.5, 0.8, 1.1):
         start = parent.copy()
-        start[PARAMS.index("exponent")] = curvature
-        start[PARAMS.index("prefill")] = problem.default_prefill_weight
-        start[PARAMS.index("scale")] = max(mean_power - step, 1e-3) / float(np.mean(work**curvature))
+        start[NAMES.index("exponent")] = curvature
+        start[NAMES.index("prefill")] = w0
+        start[NAMES.index("scale")] = max(mean_power - step, 1e-3) / float(np.mean(work**curvature))
         # a cap above every step has no gradient to come down by: start it where a few bind
-        raw = step + start[PARAMS.index("scale")] * work**curvature
-        start[PARAMS.index("cap")] = float(np.percentile(raw, 95))
+        raw = step + start[NAMES.index("scale")] * work**curvature
+        start[NAMES.index("cap")] = float(np.percentile(raw, 95))
         starts.append(start)
     return starts
 
@@ -327,7 +246,7 @@ def fit(problem: Problem, given: frozenset[str] | None = None) -> tuple[PowerMod
             if problem.static_w is not None
             else float(np.percentile(problem.energy / np.maximum(problem.dt, 1e-9), 5))
         )
-        note = "too few steps or meter intervals to fit: defaults kept"
+        note = "too few steps or meter intervals to fit: defaults kept; the band widens by all their energy"
         return PowerModel(static, 1.0, problem.default_prefill_weight, intervals=intervals, notes=[note]), []
     notes = [] if problem.has_prefill else ["no prefill seen: prefill weight not identified, default kept"]
     sample = problem.window(SELECTION_INTERVALS)
@@ -351,6 +270,10 @@ def fit(problem: Problem, given: frozenset[str] | None = None) -> tuple[PowerMod
         "held_out_error": {_name(e): _rmse(v) for e, v in held.items()},
         "indistinguishable": [_name(f.effects) for f in alike],
     }
+    if model.held_out_error is None:
+        notes.append(
+            f"{intervals} meter intervals: too few to hold any out; the band takes twice the in-sample error"
+        )
     return model, [_model(sample, f, []) for f in alike]
 
 
@@ -360,7 +283,7 @@ def _given(
     """The ``effects`` asked for, fitted as the selection would reach them (an effect at a time,
     each fit starting from the last), with its held-out errors and linear work's to compare."""
     current: frozenset[str] = frozenset()
-    chosen = _fit(problem, current, problem.usable, [_bounds(problem, current, 1.0)[0]])
+    chosen = _fit(problem, current, problem.usable, [bounds(problem, current, 1.0)[0]])
     linear = chosen
     for effect in (e for e in EFFECTS if e in effects):
         current |= {effect}
@@ -376,7 +299,7 @@ def _select(problem: Problem, notes: list[str]) -> tuple[Fit, dict[frozenset[str
     """Greedy forward selection: the chosen fit, every candidate's held-out errors, and the
     candidates that predicted about as well as the chosen one."""
     intervals = int(problem.usable.sum())
-    base = _bounds(problem, frozenset(), 1.0)[0]
+    base = bounds(problem, frozenset(), 1.0)[0]
     select = intervals >= FOLDS * MIN_FOLD_INTERVALS
     fits: dict[frozenset[str], Fit] = {}
     held: dict[frozenset[str], np.ndarray] = {}
@@ -387,11 +310,7 @@ def _select(problem: Problem, notes: list[str]) -> tuple[Fit, dict[frozenset[str
         if select:
             held[effects] = _held_out(problem, fits[effects])
 
-    applicable = [
-        e
-        for e in EFFECTS
-        if (e != "context" or problem.has_context) and (e != "position" or problem.has_prefill)
-    ]
+    applicable = applicable_effects(problem)
     current: frozenset[str] = frozenset()
     evaluate(current, base)
     if not select:

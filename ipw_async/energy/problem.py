@@ -8,17 +8,28 @@ power low-passed, on the run's own clock.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from scipy import sparse
 
 from .._clock import NS
 from .counter import VirtualCounter
-from .model import Drift, PowerModel
+from .drift import Drift
+from .lag import metered
 from .steps import Steps
 
 LAGS_MS = (0.0, 20.0, 40.0, 70.0, 110.0)  # the meter's lag behind the device, tried in turn
 DRIFT_TAUS_S = (8.0, 30.0)  # how fast a die warms, where no temperature is reported
+
+
+class Features(NamedTuple):
+    """Each step's work as a fit reads it, summed once: every candidate evaluates it often."""
+
+    decode: np.ndarray  # decode tokens
+    context: np.ndarray  # thousands of context tokens its decoders read
+    prefill: np.ndarray  # prompt tokens
+    position: np.ndarray  # thousands of positions before its prompt tokens, summed
 
 
 @dataclass
@@ -40,7 +51,7 @@ class Problem:
         self.dt = np.diff(self.counter.t) / NS
         self.usable = ~self.counter.imputed
         s = self.steps
-        self.features = (s.decode, s.context, s.prefill, s.position)
+        self.features = Features(s.decode, s.context, s.prefill, s.position)
         self.has_prefill = bool(s.prefill.any())
         self.has_context = bool(s.entry_context.size and s.context.any())
         self.scale = max(float(np.median(self.energy[self.usable])), 1e-9) if self.usable.any() else 1.0
@@ -117,7 +128,7 @@ def _overlaps(knots: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np
 def design(knots: np.ndarray, steps: Steps, lag_ms: float) -> sparse.csr_matrix:
     """Seconds of each step's power a meter read at ``knots`` sees in each of its intervals,
     where it trails the device by a first-order lag of ``lag_ms``: a knots × steps matrix."""
-    which, start, end, share = PowerModel(0.0, 0.0, 0.0, lag_ms=lag_ms).metered(steps.start, steps.end)
+    which, start, end, share = metered(steps.start, steps.end, lag_ms)
     j, part, overlap = _overlaps(knots, start, end)
     duration = (steps.end - steps.start)[which[part]]
     seconds = overlap * share[part] * duration / np.maximum(end - start, 1.0)[part] / NS

@@ -1,7 +1,7 @@
 """Each engine step's energy as costs the client can see, shared by accounting convention v2.
 
 A step's dynamic energy (above static power) is a sum of costs, each a non-negative joule
-figure per unit, fitted to the meter's intervals:
+figure per unit, fitted to the meter's intervals (a row each of :data:`COSTS`, with its units):
 
 - a decode step's own cost, once per step with any decoder, whatever its batch (on a real GPU
   most of a decode step's energy: the weights streamed from memory, the launches, rows padded
@@ -26,6 +26,7 @@ power trades off against the costs (on a real H100 run it took 400 W of a 473 W 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,64 +34,83 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import nnls
 
+from .band import interval_error
 from .fit import SELECTION_INTERVALS
 from .problem import LAGS_MS, Problem
 from .split import StepShares, safe_div
 from .steps import Steps
 
-# the fitted costs, in order
-TERMS = (
-    "per_decode_step_j",
-    "per_decode_second_w",
-    "per_decode_token_j",
-    "per_context_ktoken_j",
-    "per_prefill_forward_j",
-    "per_prompt_token_j",
-    "per_prompt_position_ktoken_j",
-)
 # How a decode step's context reads are shared: equally by its decoders where the engine pads
 # attention to the batch's longest context (CUDA graphs over attention-length buckets, as the
 # H100 server of the real traces does), each request's own where it reads only its own KV cache
 # (paged attention). The meter cannot tell them apart (the step's total is the same), nor could
 # its step times there (fits of Σ context and decoders × longest context differ by < 1% RMS).
 CONTEXT_COSTS = ("shared", "own")
-CONTEXT = TERMS.index("per_context_ktoken_j")
-DECODE_TIME = TERMS.index("per_decode_second_w")
 FOLDS = 4
 MIN_FOLD_INTERVALS = 6
 MIN_INTERVALS = 8  # fewer usable intervals than this fit nothing: costs by token work alone
 Z = 1.96
 
 
-def entry_features(steps: Steps, context_cost: str = "shared") -> np.ndarray:
-    """Per (request, step) entry, its units of every term (an entry × term matrix). The
-    per-step cost, and the context where ``context_cost`` is shared, are the step's units in
-    equal parts to its decoding entries: a column's sum over a step is the step's units either way."""
-    shared = [0, DECODE_TIME, CONTEXT] if context_cost == "shared" else [0, DECODE_TIME]
+def _no_tokens(_prefill_weight: float) -> float:
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One step cost, a row of :data:`COSTS`: a non-negative figure per unit of its term."""
+
+    name: str  # its key in the summary's costs and errors; its last word is its unit (J or W)
+    units: Callable[[Steps], np.ndarray]  # its term: each (request, step) entry's own units of it
+    # the readings of the context (CONTEXT_COSTS) under which a step's units of it go to its
+    # decoders in equal parts (the Shapley value of a cost the step pays whatever its batch)
+    shared: tuple[str, ...] = ()
+    # its figure where the run is too short to fit any, a prompt token weighing the given
+    # prefill weight: energy is then shared by token work
+    fallback: Callable[[float], float] = _no_tokens
+
+
+def _recorded(entries: np.ndarray, steps: Steps) -> np.ndarray:
+    """An entry column the run may not have (no context or positions recorded): none then."""
+    return entries if entries.size else np.zeros(steps.req.size)
+
+
+def _on_first_decoder(steps: Steps, per_step: np.ndarray) -> np.ndarray:
+    """Each step's units on its first decoding entry: a cost every reading shares among the
+    step's decoders is the step's, and sharing spreads it from there."""
     decoding = steps.entry_decode > 0
-    context = steps.entry_context if steps.entry_context.size else np.zeros(steps.req.size)
-    position = steps.entry_position if steps.entry_position.size else np.zeros(steps.req.size)
-    first = np.zeros(steps.req.size)  # one unit a step with decoders, on its first decoding entry
     _, head = np.unique(np.where(decoding, steps.step, -1), return_index=True)
-    first[head[decoding[head]]] = 1.0
-    decoding_s = np.zeros(steps.req.size)  # the step's decoding time, on its first decoding entry
-    decoding_s[head[decoding[head]]] = decode_seconds(steps)[steps.step[head[decoding[head]]]]
-    own = np.column_stack(
-        (
-            first,
-            decoding_s,
-            steps.entry_decode,
-            context,
-            (steps.entry_prefill > 0).astype(float),
-            steps.entry_prefill,
-            position,
-        )
-    )
+    head = head[decoding[head]]
+    units = np.zeros(steps.req.size)
+    units[head] = per_step[steps.step[head]]
+    return units
+
+
+# the fitted costs, in the order of their columns and of the summary
+COSTS = (
+    Cost("per_decode_step_j", lambda s: _on_first_decoder(s, np.ones(s.count)), CONTEXT_COSTS),
+    Cost("per_decode_second_w", lambda s: _on_first_decoder(s, decode_seconds(s)), CONTEXT_COSTS),
+    Cost("per_decode_token_j", lambda s: s.entry_decode, fallback=lambda _: 1.0),
+    Cost("per_context_ktoken_j", lambda s: _recorded(s.entry_context, s), ("shared",)),
+    Cost("per_prefill_forward_j", lambda s: (s.entry_prefill > 0).astype(float)),
+    Cost("per_prompt_token_j", lambda s: s.entry_prefill, fallback=lambda weight: weight),
+    Cost("per_prompt_position_ktoken_j", lambda s: _recorded(s.entry_position, s)),
+)
+TERMS = tuple(cost.name for cost in COSTS)
+
+
+def entry_features(steps: Steps, context_cost: str = "shared") -> np.ndarray:
+    """Per (request, step) entry, its units of every cost (an entry × cost matrix). A cost
+    shared under ``context_cost`` gives the step's units in equal parts to its decoding
+    entries: a column's sum over a step is the step's units either way."""
+    own = np.column_stack([cost.units(steps) for cost in COSTS])
+    decoding = steps.entry_decode > 0
     decoders = np.bincount(steps.step[decoding], minlength=steps.count).astype(float)
     per_decoder = np.where(decoding, safe_div(np.ones(steps.req.size), decoders[steps.step]), 0.0)
-    for j in shared:
-        step_units = np.bincount(steps.step, weights=own[:, j], minlength=steps.count)
-        own[:, j] = step_units[steps.step] * per_decoder
+    for j, cost in enumerate(COSTS):
+        if context_cost in cost.shared:
+            step_units = np.bincount(steps.step, weights=own[:, j], minlength=steps.count)
+            own[:, j] = step_units[steps.step] * per_decoder
     return own
 
 
@@ -112,7 +132,7 @@ def decode_seconds(steps: Steps) -> np.ndarray:
 
 @dataclass
 class StepCost:
-    """The fitted costs (J per unit, in :data:`TERMS` order) and static power (W)."""
+    """The fitted costs (J per unit, in :data:`COSTS` order) and static power (W)."""
 
     static_w: float
     costs: np.ndarray
@@ -141,13 +161,8 @@ class StepCost:
 
     @property
     def band_error(self) -> float:
-        """The interval error the band widens by: held out where the run could hold intervals
-        out, else twice the in-sample error (unmeasured is not small), else all of it."""
-        if self.held_out_error is not None:
-            return self.held_out_error
-        if self.in_sample_error is not None:
-            return 2 * self.in_sample_error
-        return 1.0
+        """The interval error the band widens by (:func:`.band.interval_error`)."""
+        return interval_error(self.held_out_error, self.in_sample_error)
 
     def moved(self) -> list[StepCost]:
         """The costs each moved ±Z standard errors (at least zero), one at a time: the band's."""
@@ -172,11 +187,7 @@ class StepCost:
             "static_source": self.static_source,
             "costs": {name: float(c) for name, c in zip(TERMS, self.costs, strict=True)},
             "errors": {name: finite(e) for name, e in zip(TERMS, self.errors, strict=False)},
-            "shared_equally": [
-                TERMS[0],
-                TERMS[DECODE_TIME],
-                *([TERMS[CONTEXT]] if self.context_cost == "shared" else []),
-            ],
+            "shared_equally": [cost.name for cost in COSTS if self.context_cost in cost.shared],
             "r2": self.r2,
             "held_out_error": self.held_out_error,
             "in_sample_error": self.in_sample_error,
@@ -235,7 +246,7 @@ def fit_step_cost(
     static = problem.static_w
     source = static_source if static is not None else "fitted"
     if n < MIN_INTERVALS or problem.steps.count < MIN_INTERVALS:
-        fallback = np.array([0.0, 0.0, 1.0, 0.0, 0.0, problem.default_prefill_weight, 0.0])
+        fallback = np.array([cost.fallback(problem.default_prefill_weight) for cost in COSTS])
         if static is None:
             static = float(np.percentile(problem.energy / np.maximum(problem.dt, 1e-9), 5))
         note = (

@@ -17,7 +17,8 @@ import numpy as np
 import polars as pl
 
 from ..energy import AttributionConfig, request_windows, split_with_known
-from ..energy.model import Drift, PowerModel
+from ..energy.drift import Drift
+from ..energy.model import PowerModel
 from ..energy.steps import Steps, steps_of
 from ..rundir.read import RunDir
 from .physics import EngineConfig
