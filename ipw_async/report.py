@@ -7,6 +7,8 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from .energy.parameters import PARAMETERS
+
 DASH = "—"  # a figure that was not measured: never 0
 
 
@@ -83,15 +85,8 @@ def describe_model(model: dict[str, Any]) -> str:
 
 
 # each fitted parameter's key in a power model's summary
-_PARAM_KEYS = {
-    "static": "static_w",
-    "step": "step_w",
-    "scale": "scale_w",
-    "prefill": "prefill_weight",
-    "cap": "cap_w",
-    "context": "context_weight_per_ktoken",
-    "position": "position_weight_per_ktoken",
-}
+# each fitted parameter's key in the summary's model, as the parameters' table names it
+_PARAM_KEYS = {row.name: row.key or row.attribute for row in PARAMETERS if row.attribute}
 
 
 def _describe_cost_fit(model: dict[str, Any]) -> list[str]:
