@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -55,11 +56,16 @@ class AttributionConfig:
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise ValueError(f"unknown attribution rule {self.rule!r}; choose one of {', '.join(RULES)}")
-        parse_effects(self.power_model)  # raises ValueError, naming what it takes
+        self.effects  # noqa: B018 (parsed once, here: raises ValueError, naming what it takes)
         if self.rule == "steps" and self.power_model != "auto":
             raise ValueError(POWER_MODEL_NEEDS_FITTED)
         if self.context_cost not in CONTEXT_COSTS:
             raise ValueError(f"unknown context cost {self.context_cost!r}; choose {' or '.join(CONTEXT_COSTS)}")
+
+    @cached_property
+    def effects(self) -> frozenset[str] | None:
+        """The fitted rule's effects as given (``power_model``); None: the run chooses them."""
+        return parse_effects(self.power_model)
 
 
 @dataclass
@@ -241,7 +247,7 @@ def attribute_meter(
             problem, work.features(config.context_cost), _static_source(meter, config), config.context_cost
         )
     elif accelerator:
-        model, alike = fit(problem, parse_effects(config.power_model))
+        model, alike = fit(problem, config.effects)
     inputs = _Inputs(
         requests,
         work,
