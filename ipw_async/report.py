@@ -231,6 +231,15 @@ def _validity_rows(table: Table, summary: dict[str, Any]) -> None:
     shown = [f"{name} ±{m['relative']:.1%}" for name, m in metrics.items() if m is not None]
     if shown:
         table.add_row("precision (95%)", ", ".join(shown))
+    validity = summary.get("validity")
+    if validity:
+        verdict = validity["verdict"]
+        said = {
+            "valid": "[green]yes[/]: every check passed",
+            "not valid": f"[yellow]no[/]: {escape('; '.join(validity['reasons']))}",
+            "unknown": f"cannot tell: {escape('; '.join(validity['unknown']))}",
+        }[verdict]
+        table.add_row("publishable", said)
 
 
 def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:

@@ -26,6 +26,7 @@ from .rundir.read import INLINE_CORRECT, RunDir
 from .stats import client_stats, distribution, latency_stats, measured, task_stats, window_s
 from .telemetry.base import Meter
 from .traces import QueryTrace, parse_price, tool_waits, traces_from_records, traces_from_tasks, write_traces
+from .validity.gate import publishable
 from .validity.report import run_validity
 
 
@@ -109,6 +110,7 @@ def finalize(
         summary["tasks"] = task_stats(traces, window_s(measured(records)))
     if judge_section is not None:
         summary |= {"scorer": "judge", "judge": judge_section}
+    summary["validity"] = publishable(summary)
     files.write_json(run_dir / files.SUMMARY, summary)
     write_ipw_dataset(run_dir, ipw_table(records, summary, telemetry, manifest.meters))
     return RunResult(run_dir=run_dir, summary=summary, records=records)

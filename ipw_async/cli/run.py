@@ -18,6 +18,7 @@ from ..errors import RunAborted, RunError, stop_signal
 from ..harness import RunConfig, run_benchmark
 from ..harness.live import Display
 from ..results import RunResult, finalize
+from ..rundir import RunDir
 from ..rundir.manifest import RunDirError
 from ..sim import EngineConfig, Faults, SimConfig, serve
 from ._common import Debug, err, fail, out
@@ -49,8 +50,9 @@ def execute(
 ) -> int:
     """Run (``start``: a benchmark, or a proxy's run) with one-line errors, then judge its answers
     (``judging``) and make the ``exports`` asked for, so they carry the judged results; the exit
-    code says how the run ended (0 ok, 1 partial, 2 unusable, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP:
-    128 + the stop signal's number). A proxy's run ends normally on a stop signal (0)."""
+    code says how the run ended (0 ok, 1 partial, 2 unusable, 3 not valid for publishing with
+    ``--require-valid``, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP: 128 + the stop signal's number). A
+    proxy's run ends normally on a stop signal (0)."""
     try:
         result = run_loop(start(config, display))
     except RunError as exc:
@@ -72,7 +74,19 @@ def execute(
             return 128 + stop_signal(exc)
     if exports is not None:
         exports(result.run_dir)
+    if config.require_valid and code == 0:
+        return _validity_code(result.run_dir)
     return code
+
+
+def _validity_code(run_dir: Path) -> int:
+    """3, with its reasons in one line, where the finished run is not valid for publishing."""
+    validity = (RunDir.open(run_dir).summary or {}).get("validity") or {}
+    if validity.get("verdict") == "valid":
+        return 0
+    why = validity.get("reasons") or [f"could not tell: {u}" for u in validity.get("unknown") or []]
+    err.print(f"[bold red]error:[/] not valid for publishing (--require-valid): {escape('; '.join(why))}")
+    return 3
 
 
 def _stopped(exc: KeyboardInterrupt) -> str:

@@ -193,6 +193,16 @@ class MeasureOptions:
             "USD per million input/output tokens, e.g. 0.15/0.60: adds cost to traces.", panel=OUTPUT
         ),
     )
+    require_valid: bool = field(
+        default=False,
+        metadata=option(
+            "Exit 3 when the run's energy figures are not valid for publishing (summary.json's "
+            "validity): a simulated device, a run that did not finish, energy without readings, a "
+            "faulty counter, a remote clock known too loosely, over-saturation, or a check that "
+            "could not be made. Everything measured is written first.",
+            panel=OUTPUT,
+        ),
+    )
     tail_s: float = 0.5  # telemetry kept after the last request, so its energy is covered
     abort_after_connect_errors: int = 16
     sim: SimConfig = field(default_factory=SimConfig)

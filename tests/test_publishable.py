@@ -1,0 +1,98 @@
+"""The validity gate: a run's energy figures are publishable only when every check passed; each
+failure is a reason a reviewer can read, and what could not be checked is unknown, not passed."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ipw_async.validity.gate import publishable
+
+from .conftest import finished_short_run
+
+# a real GPU run's summary, as far as the gate reads it: every check passes
+GOOD: dict[str, Any] = {
+    "simulated": False,
+    "complete": True,
+    "energy": {
+        "headline_meters": ["gpu0@gpu-host:9180"],
+        "meters": {"gpu0@gpu-host:9180": {"imputed_j": 1.0, "total_j": 1000.0}},
+    },
+    "telemetry": {
+        "sampler": {
+            "skipped_ticks": 0,
+            "gaps": {"gpu0@gpu-host:9180": {"largest_ms": 60.0, "counter_period_ms": 100.0}},
+        },
+        "counter_checks": {"gpu0@gpu-host:9180": {"status": "ok", "reason": "within 3%"}},
+        "clocks": {"nvml@gpu-host:9180": {"uncertainty_ms": 0.3}},
+    },
+    "saturation": {"oversaturated": False, "reason": "in-flight and TTFT level"},
+}
+
+
+def changed(path: str, value: Any) -> dict[str, Any]:
+    summary = copy.deepcopy(GOOD)
+    *parents, last = path.split(".")
+    node = summary
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return summary
+
+
+def test_a_run_that_passes_every_check_is_valid() -> None:
+    gate = publishable(GOOD)
+    assert gate["verdict"] == "valid" and gate["reasons"] == [] and gate["unknown"] == []
+    assert all(check["ok"] for check in gate["checks"].values())
+    assert gate["checks"]["clock gpu0@gpu-host:9180"]["ok"]  # the agent's clock, found by its host
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "reason"),
+    [
+        ("simulated", True, "its energy is a simulated device's"),
+        ("complete", False, "the run did not finish"),
+        ("energy.meters.gpu0@gpu-host:9180", {"imputed_j": 80.0, "total_j": 1000.0}, "8.0% of its energy had no reading"),
+        ("telemetry.sampler.skipped_ticks", 12, "the sampler skipped 12 ticks"),
+        ("telemetry.sampler.gaps", {"gpu0@gpu-host:9180": {"largest_ms": 900.0, "counter_period_ms": 100.0}}, "went 900 ms without a reading"),
+        ("telemetry.counter_checks", {"gpu0@gpu-host:9180": {"status": "stuck", "reason": "no update in 3 s"}}, "stuck: no update in 3 s"),
+        ("telemetry.clocks", {"nvml@gpu-host:9180": {"uncertainty_ms": 25.0}}, "its clock is known to ±25.00 ms"),
+        ("saturation", {"oversaturated": True, "reason": "TTFT rising"}, "over-saturated: TTFT rising"),
+    ],
+)  # fmt: skip
+def test_each_failed_check_makes_the_run_not_valid_and_says_why(path: str, value: Any, reason: str) -> None:
+    gate = publishable(changed(path, value))
+    assert gate["verdict"] == "not valid"
+    assert len(gate["reasons"]) == 1 and reason in gate["reasons"][0]
+
+
+def test_a_check_that_could_not_be_made_is_unknown_not_passed() -> None:
+    gate = publishable(changed("telemetry.counter_checks", None))
+    assert gate["verdict"] == "unknown" and gate["reasons"] == []
+    assert gate["checks"]["counters"]["ok"] is None and "not checked" in gate["unknown"][0]
+    assert publishable(changed("saturation", {"oversaturated": None, "reason": "too short"}))["verdict"] == "unknown"
+
+
+def test_require_valid_exits_3_with_the_reasons_after_writing_the_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "ipw_async", "run", "-c", "2", "-n", "6", "--baseline-s", "0"]
+    done = subprocess.run(
+        [*command, "--no-dashboard", "-q", "--require-valid", "-o", str(run_dir)], capture_output=True, text=True
+    )
+    assert done.returncode == 3, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "not valid for publishing" in lines[0] and "simulated device" in lines[0]
+    summary = json.loads((run_dir / "summary.json").read_text())  # everything measured is on disk
+    assert summary["complete"] is True and summary["validity"]["verdict"] == "not valid"
+
+
+def test_finalize_writes_the_verdict_into_every_summary(tmp_path: Path) -> None:
+    summary = json.loads((finished_short_run(tmp_path / "run") / "summary.json").read_text())
+    assert summary["validity"]["verdict"] in ("valid", "not valid", "unknown")
+    assert summary["validity"] == publishable({k: v for k, v in summary.items() if k != "validity"})
