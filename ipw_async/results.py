@@ -294,6 +294,7 @@ def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) 
             "counter_events": manifest.counter_events,
             **_counter_checks(manifest),
             "clocks": manifest.clocks,
+            "gpu_processes": manifest.gpu_processes,
         },
         "harness": end.get("harness"),
         "client": client_stats(records, end.get("harness"), manifest.finishing.concurrency),

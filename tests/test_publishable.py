@@ -7,14 +7,18 @@ import copy
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ipw_async.cli.run import execute
+from ipw_async.sim import SimulatorProcess
 from ipw_async.validity.gate import publishable
 
-from .conftest import finished_short_run
+from .conftest import finished_short_run, quick_config
+from .test_sources import FakeGpu, FakeNvml
 
 # a real GPU run's summary, as far as the gate reads it: every check passes
 GOOD: dict[str, Any] = {
@@ -64,6 +68,7 @@ def test_a_run_that_passes_every_check_is_valid() -> None:
         ("telemetry.counter_checks", {"gpu0@gpu-host:9180": {"status": "stuck", "reason": "no update in 3 s"}}, "stuck: no update in 3 s"),
         ("telemetry.clocks", {"nvml@gpu-host:9180": {"uncertainty_ms": 25.0}}, "its clock is known to ±25.00 ms"),
         ("saturation", {"oversaturated": True, "reason": "TTFT rising"}, "over-saturated: TTFT rising"),
+        ("telemetry.gpu_processes", {"gpu0@gpu-host:9180": {"before": [7, 9], "after": [7, 9]}}, "2 processes were computing on gpu0@gpu-host:9180 as the load began (PIDs 7, 9)"),
     ],
 )  # fmt: skip
 def test_each_failed_check_makes_the_run_not_valid_and_says_why(path: str, value: Any, reason: str) -> None:
@@ -96,3 +101,35 @@ def test_finalize_writes_the_verdict_into_every_summary(tmp_path: Path) -> None:
     summary = json.loads((finished_short_run(tmp_path / "run") / "summary.json").read_text())
     assert summary["validity"]["verdict"] in ("valid", "not valid", "unknown")
     assert summary["validity"] == publishable({k: v for k, v in summary.items() if k != "validity"})
+
+
+class SharedGpu(FakeNvml):
+    """One GPU at 300 W whose server (PID 4242) is joined by another once the load has begun."""
+
+    def __init__(self) -> None:
+        super().__init__([FakeGpu("GPU-aaa", processes=[4242])])
+        self.start = time.monotonic()
+        self.asked = 0
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeGpu) -> int:
+        return int((time.monotonic() - self.start) * 300_000)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list[Any]:
+        self.asked += 1
+        h.processes = [4242, 5151] if self.asked > 1 else [4242]  # the first ask is as the load begins
+        return super().nvmlDeviceGetComputeRunningProcesses(h)
+
+
+def test_a_process_that_joins_the_gpu_during_the_run_fails_the_gate(
+    tmp_path: Path, sim: SimulatorProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", SharedGpu())
+    config = quick_config(
+        tmp_path, base_url=sim.base_url, telemetry="nvml", max_queries=40, concurrency=2, counter_probe_s=0
+    )
+    config.require_valid = True
+    assert execute(config, display=None) == 3  # type: ignore[arg-type]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["telemetry"]["gpu_processes"] == {"gpu0": {"before": [4242], "after": [4242, 5151]}}
+    reasons = summary["validity"]["reasons"]
+    assert any("a process started computing on gpu0 during the run (PID 5151)" in r for r in reasons)

@@ -53,6 +53,7 @@ class FakeGpu:
     mem_clock: int | None = 2619
     clock_reasons: int | None = 0x4  # nvmlClocksEventReasonSwPowerCap
     failing: set[str] = field(default_factory=set)  # queries that fail transiently now
+    processes: list[int] = field(default_factory=list)  # PIDs computing on it
 
     def query(self, what: str, value: int | None) -> int:
         if what in self.failing:
@@ -119,6 +120,10 @@ class FakeNvml:
             )
             for i in ids
         ]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list[SimpleNamespace]:
+        h.query("processes", 0)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=2**30) for pid in h.processes]
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> SimpleNamespace:
         return SimpleNamespace(gpu=h.query("util", h.util), memory=0)

@@ -170,6 +170,7 @@ class LiveRun:
             spec.ramp_duration if spec.ramp else None,
         )
         self.tasks.start(ending.validity.run())
+        before = await self.sampler.processes()  # a device shared with other work is charged for it
         with self.cpu.measuring():
             if self.source is None:
                 units = ledger.units(self.workload, planned(config, self.workload), False)
@@ -179,6 +180,8 @@ class LiveRun:
                 load = self.source.serve(ledger, self.upstream, t0, deadline)
             await self._until_done(self.tasks.start(load), cut)
             ending.complete = not ending.abort.event.is_set()
+        after = await self.sampler.processes()
+        self.writer.update(gpu_processes={ch: {"before": pids, "after": after.get(ch)} for ch, pids in before.items()})
         ending.stopped = ledger.stopped
         if ending.stopped:
             self.note(f"stopped: {ending.stopped}")

@@ -92,6 +92,8 @@ class Manifest:
     # each energy counter's check, once it ran: kept as it happens, so a killed run still says
     counter_checks: dict[str, Any] | None = None
     clocks: dict[str, dict[str, Any]] = field(default_factory=dict)  # remote sources: clock alignment
+    # per device that can tell: the PIDs computing on it as the measured load began and ended
+    gpu_processes: dict[str, dict[str, list[int] | None]] = field(default_factory=dict)
     end: dict[str, Any] | None = None  # how the run ended; None while it runs (or after a crash)
     dispatched: int = 0  # requests sent so far, kept current as records are flushed: what a crash can lose
     # one entry per --resume: when the session started (ns on the run clock), records dropped
@@ -125,6 +127,7 @@ class Manifest:
                 "counter_events": self.counter_events,
                 "counter_checks": self.counter_checks,
                 "clocks": self.clocks,
+                "gpu_processes": self.gpu_processes,
             },
             "baseline_window_ns": list(self.baseline_window_ns) if self.baseline_window_ns else None,
             "end": self.end,
@@ -156,6 +159,7 @@ class Manifest:
             counter_events=tel.get("counter_events", {}),
             counter_checks=tel.get("counter_checks"),
             clocks=tel.get("clocks", {}),
+            gpu_processes=tel.get("gpu_processes", {}),
             end=data.get("end"),
             dispatched=data.get("dispatched", 0),
             sessions=data.get("sessions", []),

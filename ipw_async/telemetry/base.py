@@ -155,6 +155,11 @@ class TelemetrySource(abc.ABC):
         """How its stamps were put on this machine's clock, where they come from another."""
         return None
 
+    def processes(self) -> dict[str, list[int] | None]:
+        """The processes computing on each of its devices now (their PIDs), by channel; None
+        for a device that cannot tell, and no channel for a source without devices to ask."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 - most sources hold nothing to release
         pass
 

@@ -49,6 +49,19 @@ class NvmlSource(GpuLibrarySource):
 
     def __init__(self, gpus: Sequence[str] | None = None, nvml: ModuleType | None = None) -> None:
         super().__init__(gpus, nvml)
+        self._channels: list[str] = []  # each selected GPU's channel, in _selected's order
+
+    def processes(self) -> dict[str, list[int] | None]:
+        """Each selected GPU's compute processes (NVML's running compute processes), by PID."""
+        nvml = self._module
+        assert nvml is not None
+        out: dict[str, list[int] | None] = {}
+        for channel, gpu in zip(self._channels, self._selected, strict=True):
+            try:
+                out[channel] = sorted(int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(gpu.handle))
+            except self._error:
+                out[channel] = None
+        return out
 
     def _import(self) -> ModuleType:
         try:
@@ -98,6 +111,7 @@ class NvmlSource(GpuLibrarySource):
             gpu = _Gpu(handle=handles[i], name=nvml.nvmlDeviceGetName(handles[i]))
             kinds[f"gpu{i}"] = self._probe(nvml, gpu, f"gpu{i}", unsupported)
             self._selected.append(gpu)
+            self._channels.append(f"gpu{i}")
             columns += [c for c, _ in gpu.queries] + gpu.field_columns
         return self._opened(kinds, columns, nvml.nvmlSystemGetDriverVersion(), [])
 

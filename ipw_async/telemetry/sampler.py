@@ -238,6 +238,15 @@ class Sampler:
         """Per source on another machine's clock, how its stamps were aligned to this one's."""
         return {s.source.name: c for s in self._sources if (c := s.source.clock()) is not None}
 
+    async def processes(self) -> dict[str, list[int] | None]:
+        """The processes computing on each device that can tell, by channel (off the loop: an
+        NVML query takes milliseconds)."""
+
+        def ask() -> dict[str, list[int] | None]:
+            return {ch: pids for s in self._sources for ch, pids in s.source.processes().items()}
+
+        return await asyncio.to_thread(ask)
+
     def _read_all(self) -> list[tuple[Reading, int, int]]:
         return [timed_read(s.source.read) for s in self._sources]
 

@@ -51,6 +51,7 @@ def publishable(summary: dict[str, Any]) -> dict[str, Any]:
     _coverage(checks, meters, sampler)
     _counters(checks, telemetry.get("counter_checks"), headline, telemetry.get("counter_checks_skipped"))
     _clocks(checks, telemetry.get("clocks") or {}, headline, sampler)
+    _alone(checks, telemetry.get("gpu_processes") or {}, headline)
     saturation = summary.get("saturation") or {}
     over = saturation.get("oversaturated")
     reason = saturation.get("reason") or "not assessed"
@@ -133,3 +134,30 @@ def _clocks(checks: _Checks, clocks: dict[str, Any], headline: list[str], sample
                 bound <= limit,
                 f"{name}: its clock is known to ±{bound:.2f} ms (at most ±{limit:.1f} ms)",
             )
+
+
+def _alone(checks: _Checks, processes: dict[str, dict[str, list[int] | None]], headline: list[str]) -> None:
+    """Each headline device computing only for the server under test: a whole-device counter
+    charges any other process's work to the run's queries. One process there as the load began
+    is the server's; another beside it, or one that appeared while it ran, fails."""
+    for name in headline:
+        seen = processes.get(name)
+        if seen is None:
+            continue  # a device that cannot list its processes (a simulator, an exporter)
+        before, after = seen.get("before"), seen.get("after")
+        if before is None or after is None:
+            checks.add(f"alone {name}", None, f"{name}: the processes computing on it are not known")
+            continue
+        joined = sorted(set(after) - set(before))
+        if len(before) > 1:
+            why = f"{len(before)} processes were computing on {name} as the load began (PIDs {_pids(before)})"
+            checks.add(f"alone {name}", False, f"{why}: another's work is charged to these queries")
+        elif joined:
+            why = f"a process started computing on {name} during the run (PID {_pids(joined)})"
+            checks.add(f"alone {name}", False, f"{why}: its work is charged to these queries")
+        else:
+            checks.add(f"alone {name}", True, f"{name}: no other process computed on it")
+
+
+def _pids(pids: list[int]) -> str:
+    return ", ".join(map(str, pids))
