@@ -407,11 +407,13 @@ def describe(meter: dict[str, Any]) -> str:
     out = f"conservation {meter.get('conservation_error', float('nan')):.1e}, {len(meter.get('counter_grids', []))} grids"
     model = meter.get("power_model")
     if model:
-        selection = model.get("selection") or {}
-        out += (
-            f", model {model['model']} ({len(selection.get('held_out_error', {}))} fitted, "
-            f"{len(selection.get('indistinguishable', []))} alike)"
-        )
+        out += f", model {model['model']}"
+        selection = model.get("selection")
+        if selection is not None:  # the fitted rule's: the candidates it fitted and could not tell apart
+            out += (
+                f" ({len(selection.get('held_out_error', {}))} fitted, "
+                f"{len(selection.get('indistinguishable', []))} alike)"
+            )
     return out
 
 
