@@ -22,7 +22,7 @@ from ..workload import Workload
 from .config import RunConfig
 from .display import Display
 from .measuring import CallSource
-from .opening import open_run
+from .opening import RunOpening
 from .resume import resume_from
 from .workloads import workload_of
 
@@ -49,7 +49,7 @@ async def run_benchmark(
         spec = config.validate()
     workload = workload or workload_of(config)
     async with contextlib.AsyncExitStack() as stack:
-        live = await open_run(stack, config, spec, workload, display, resume, source)
+        live = await RunOpening(stack, config, spec, workload, display, resume, source).open()
         await live.measure()
     ending = live.ending
     try:

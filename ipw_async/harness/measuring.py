@@ -89,7 +89,7 @@ def planned(config: RunConfig, workload: Workload) -> int | None:
 
 @dataclass
 class LiveRun:
-    """A run opened whole (:func:`.opening.open_run`): its directory, telemetry, files, ledger
+    """A run opened whole (:class:`.opening.RunOpening`): its directory, telemetry, files, ledger
     and dispatch open and its background tasks started; :meth:`measure` runs its phases."""
 
     config: RunConfig

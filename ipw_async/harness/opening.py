@@ -46,20 +46,6 @@ from .worker_protocol import WorkerSetup
 from .workers import WorkerPool, auto_workers
 
 
-async def open_run(
-    stack: contextlib.AsyncExitStack,
-    config: RunConfig,
-    spec: LoadSpec,
-    workload: Workload,
-    display: Display | None,
-    resume: Resume | None,
-    source: CallSource | None,
-) -> LiveRun:
-    """Open what the run needs into ``stack`` and build the run from it; RunError when the run
-    cannot start."""
-    return await _Opening(stack, config, spec, workload, display, resume, source).open()
-
-
 @dataclass
 class _Server:
     sim: SimulatorProcess | None  # the built-in simulator, when the run serves itself
@@ -89,28 +75,23 @@ class _FreshDirectory:
             discard(self.run_dir, self.created)
 
 
-class _Opening:
+@dataclass
+class RunOpening:
     """One run's opening: what it was asked for, and a step for each part it opens (each
-    entered into the stack as it is opened)."""
+    entered into ``stack`` as it is opened). ``await RunOpening(...).open()`` builds the run;
+    RunError when it cannot start."""
 
-    def __init__(
-        self,
-        stack: contextlib.AsyncExitStack,
-        config: RunConfig,
-        spec: LoadSpec,
-        workload: Workload,
-        display: Display | None,
-        resume: Resume | None,
-        source: CallSource | None,
-    ) -> None:
-        self.stack = stack
-        self.config = config
-        self.spec = spec
-        self.workload = workload
-        self.display = display
-        self.resume = resume
-        self.source = source
-        self.note = notes_to(display)
+    stack: contextlib.AsyncExitStack
+    config: RunConfig
+    spec: LoadSpec
+    workload: Workload
+    display: Display | None
+    resume: Resume | None
+    source: CallSource | None
+
+    def __post_init__(self) -> None:
+        self.note = notes_to(self.display)
+        self.label = self.spec.label if self.source is None else self.source.label
 
     async def open(self) -> LiveRun:
         """Each part in turn, in the order the stack closes them in reverse."""
@@ -184,8 +165,7 @@ class _Opening:
         """The run directory: a fresh one made now (and discarded if the run fails before it
         measures), or the one a resumed run continues."""
         config, resume = self.config, self.resume
-        label = self.spec.label if self.source is None else self.source.label
-        label = label if server.sim is None else f"sim_{label}"
+        label = self.label if server.sim is None else f"sim_{self.label}"
         run_dir = Path(
             config.output_dir
             or default_run_dir(Path(config.runs_root), server.model, self.workload.name, label)
@@ -205,9 +185,8 @@ class _Opening:
         remaining = planned(self.config, self.workload)
         if remaining is not None and self.resume is not None:  # less what earlier sessions finished
             remaining = max(0, remaining - len(self.resume.measured_done))
-        label = self.spec.label if self.source is None else self.source.label
         return reports.run_state(
-            self.config, self.spec, label, self.source is None, remaining, telemetry, run_dir
+            self.config, self.spec, self.label, self.source is None, remaining, telemetry, run_dir
         )
 
     def _meters(self, telemetry: TelemetrySetup, t0: int, ending: Ending) -> tuple[Sampler, CounterChecks]:
