@@ -92,9 +92,9 @@ class BetweenRuns:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self._previous: dict[signal.Signals, Any] = {}
 
     def __enter__(self) -> BetweenRuns:
-        self._previous = {}
         if threading.current_thread() is threading.main_thread():
             self._previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
             for sig in STOP_SIGNALS:
