@@ -18,7 +18,7 @@ from ..harness.panels import OUTPUT
 from ..judge import JudgeError, JudgeResult, judge_run, parse_spec
 from ..report import ms
 from ..rundir.manifest import RunDirError
-from ._common import Debug, err, fail, out
+from ._common import Debug, err, fail, finish_first, out
 
 _JUDGE_HELP = (
     "Score the answers with an LLM judge at this OpenAI-compatible URL, after the run "
@@ -85,6 +85,7 @@ def judge(
     summary (null, with the reason, where the judge could not score). The judge runs after the
     run's measured window, so its calls are not in the run's energy.
     """
+    finish_first(run_dir)  # a run cut short is judged as recover finishes it
     try:
         url, model = parse_spec(spec)
         result = judge_run(run_dir, url, model, api_key=api_key, concurrency=concurrency, timeout_s=timeout)
