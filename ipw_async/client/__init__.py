@@ -1,9 +1,18 @@
 """The OpenAI-compatible streaming client over ipw-async's own transport."""
 
-from ._client import ClientConfig, ServerUnreachable, StreamingClient, api_url, list_models, transport_failed
+from ._client import (
+    ENDPOINTS,
+    ClientConfig,
+    ServerUnreachable,
+    StreamingClient,
+    api_url,
+    list_models,
+    transport_failed,
+)
 from ._events import EventStream, StreamParser, Timings, Usage, error_message, fail, read_usage
 
 __all__ = [
+    "ENDPOINTS",
     "ClientConfig",
     "EventStream",
     "ServerUnreachable",

@@ -14,6 +14,8 @@ from ..telemetry.http import redact_url, redact_urls
 from ..transport import Clock, ConnectionPool, Network, PoolTransport
 from ._events import EventStream, StreamParser, error_message, fail
 
+ENDPOINTS = ("chat", "completions")  # the APIs a run can speak: --endpoint's choices
+
 
 class ServerUnreachable(Exception):
     """The server could not be used at all; the message says what to do."""
@@ -22,7 +24,7 @@ class ServerUnreachable(Exception):
 @dataclass(frozen=True)
 class ClientConfig:
     base_url: str
-    endpoint: str = "chat"  # chat | completions
+    endpoint: str = "chat"  # one of ENDPOINTS
     api_key: str | None = None
     connect_timeout: float = 10.0
     read_timeout: float = 300.0

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..client import ENDPOINTS
 from ..energy import RULES
 from ..energy.attribute import POWER_MODEL_NEEDS_FITTED
 from ..energy.fit import parse_effects
@@ -24,7 +25,7 @@ from ..workload.agentic import PROTOCOLS
 from ..workload.mcp_tools import parse_servers
 from ..workload.tools import ToolLatency
 from .measure_options import MeasureOptions
-from .send_options import ENDPOINTS, SendOptions
+from .send_options import SendOptions
 from .workloads import WORKLOADS
 
 
@@ -71,7 +72,7 @@ class RunConfig(MeasureOptions, SendOptions):
         """Check every option that can be checked before anything starts; the load spec."""
         spec = self.load_spec()
         checks = (
-            (self.endpoint in ENDPOINTS, "--endpoint must be chat or completions"),
+            (self.endpoint in ENDPOINTS, f"--endpoint must be one of {', '.join(ENDPOINTS)}"),
             (self.max_queries is None or self.max_queries >= 1, "--max-queries must be at least 1"),
             (self.duration is None or self.duration > 0, "--duration must be a positive number of seconds"),
             (self.warmup >= 0, "--warmup cannot be negative"),

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .._options import option
-from ..client import ClientConfig
+from ..client import ENDPOINTS, ClientConfig
 from ..load import ARRIVALS, RAMPS
 from ..scoring import SCORERS
 from ..validity.precision import PRECISION_METRICS, parse_targets
@@ -37,7 +37,6 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
 
 _CLIENT = ClientConfig(base_url="")  # the client's defaults are the run's
 _BODY = BodyDefaults(model="")
-ENDPOINTS = ("chat", "completions")
 
 
 @dataclass

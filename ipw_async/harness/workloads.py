@@ -51,7 +51,7 @@ def _single(config: WorkloadOptions) -> Workload:
         length_sigma=config.length_sigma,
         seed=config.seed if config.dataset_seed is None else config.dataset_seed,
     )
-    return SingleTurn(dataset, chat=config.endpoint == "chat")
+    return SingleTurn(dataset, chat=config.endpoint != "completions")
 
 
 def _agentic(config: WorkloadOptions) -> Workload:
@@ -74,7 +74,7 @@ def _agentic(config: WorkloadOptions) -> Workload:
 
 
 def _conversation(config: WorkloadOptions) -> Workload:
-    chat = config.endpoint == "chat"
+    chat = config.endpoint != "completions"  # every other API takes messages
     if config.dataset == "qa":
         return ConversationReplay(builtin_conversations(), "qa-chat", chat)
     return ConversationReplay(load_conversations(config.dataset), Path(config.dataset).stem, chat)
