@@ -296,11 +296,13 @@ def test_breakdown_without_telemetry_says_why(hand_run: Path) -> None:
 def test_analyze_all_on_records_only(tmp_path: Path) -> None:
     run = write_run(tmp_path / "partial")  # no summary.json: a run cut short
     results = analyze(run)
-    assert set(results) == {"accuracy", "regression", "latency", "energy", "tasks"}
+    assert set(results) == {"accuracy", "regression", "latency", "energy", "tasks", "cache"}
     assert results["tasks"]["tasks"] is None and "multi-turn" in results["tasks"]["reason"]
+    assert results["cache"]["groups"] is None and "no cached prompt tokens" in results["cache"]["reason"]
     assert results["accuracy"]["complete"] is False
     assert sorted(p.name for p in (run / "analysis").iterdir()) == [
         "accuracy.json",
+        "cache.json",
         "energy.json",
         "latency.json",
         "regression.json",

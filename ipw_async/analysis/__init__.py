@@ -21,6 +21,8 @@ _EXPORTS: dict[str, str] = {
     "latency_report": "latency",
     "parse_slo": "latency",
     "energy_report": "breakdown",
+    "cache_report": "cache",
+    "token_costs": "cache",
     "mean_ci": "repeats",
     "pareto_front": "pareto",
     "SweepResult": "sweep",
@@ -39,6 +41,7 @@ __all__ = [
     "SweepResult",
     "accuracy_report",
     "analyze",
+    "cache_report",
     "compare_runs",
     "compare_table",
     "correctness",
@@ -53,12 +56,14 @@ __all__ = [
     "parse_slo",
     "plot_run",
     "regression_report",
+    "token_costs",
 ]
 
 if TYPE_CHECKING:
     from .accuracy import accuracy_report, correctness, impute_energy
     from .analyses import ANALYSES, analyze
     from .breakdown import energy_report
+    from .cache import cache_report, token_costs
     from .compare import compare_runs, compare_table
     from .headline import headline_figures
     from .latency import goodput, latency_report, parse_slo

@@ -10,11 +10,12 @@ from ..rundir import files
 from ..rundir.read import RunDir
 from .accuracy import accuracy_report
 from .breakdown import energy_report
+from .cache import cache_report
 from .latency import latency_report
 from .regression import regression_report
 from .tasks import task_report
 
-ANALYSES = ("accuracy", "regression", "latency", "energy", "tasks")
+ANALYSES = ("accuracy", "regression", "latency", "energy", "tasks", "cache")
 
 
 def _analyses(
@@ -26,6 +27,7 @@ def _analyses(
         "latency": lambda run: latency_report(run, slo),
         "energy": energy_report,
         "tasks": task_report,
+        "cache": cache_report,
     }
 
 

@@ -34,7 +34,8 @@ def analyze(
         typer.Option(
             help="Which analysis to write: accuracy (IPJ/IPW), regression (cost per token), latency "
             "(distributions and goodput), energy (prefill/decode/idle split, fitted power model), "
-            "tasks (agentic and multi-turn runs: success, J/task, time split, cost by turn) or all."
+            "tasks (agentic and multi-turn runs: success, J/task, time split, cost by turn), cache "
+            "(TTFT and energy by prefix-cache hit, J per cached and uncached input token) or all."
         ),
     ] = "all",
     scorer: Annotated[
@@ -104,6 +105,35 @@ def _print_analysis(results: dict[str, dict[str, Any]]) -> None:
             f"per success), IPJ {fmt(tasks['ipj'], '.3g')}, {fmt(tasks['turns']['mean'], '.1f')} turns/task, "
             f"wall p50 {fmt(tasks['wall_s']['p50'], ',.2f', ' s')}"
         )
+    if "cache" in results:
+        _print_cache(results["cache"])
+
+
+def _print_cache(cache: dict[str, Any]) -> None:
+    if cache["groups"] is None:
+        out.print(f"cache: {cache['reason']}")
+        return
+    parts = [
+        f"{g['requests']} {name}{'es' if name == 'miss' else 's'} (TTFT p50 {fmt(g['ttft_p50_s'], ',.3g', ' s')}, "
+        f"{fmt(g['energy_j_mean'], ',.3g', ' J')} each)"
+        for name, g in cache["groups"].items()
+    ]
+    out.print(f"cache: {', '.join(parts)}")
+    for meter, costs in cache["per_token"].items():
+        if costs["reason"] is not None:
+            out.print(f"  {meter} per input token: {costs['reason']}")
+            continue
+        figures = [
+            f"{kind} {_band(costs[f'j_per_{kind}_token'], ' J')}" for kind in ("uncached", "cached")
+        ]
+        ratio = costs["cached_over_uncached"]
+        out.print(
+            f"  {meter} per input token: {', '.join(figures)} (cached/uncached {fmt(ratio['estimate'], '.2f')})"
+        )
+
+
+def _band(figure: dict[str, float], unit: str) -> str:
+    return f"{fmt(figure['estimate'], ',.3g', unit)} [{fmt(figure['low'], ',.3g')}, {fmt(figure['high'], ',.3g')}]"
 
 
 def plot(

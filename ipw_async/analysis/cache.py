@@ -1,0 +1,156 @@
+"""What the server's prefix cache did in a run: TTFT and energy of the requests that hit it and
+of those that missed, and what one more input token costs, cached and uncached.
+
+A request *hit* when the server reported cached prompt tokens for it (OpenAI's
+``usage.prompt_tokens_details.cached_tokens``, as vLLM and SGLang report it; Anthropic's
+``cache_read_input_tokens``), and *missed* when it reported none. A server that reports no
+cached tokens at all leaves the split missing, with its reason: zero would claim it missed.
+
+The per-token figures are one least-squares fit over the measured requests that succeeded::
+
+    energy_j = j_per_request + j_per_uncached_token · uncached + j_per_cached_token · cached
+               + j_per_output_token · output
+
+so each is what one more token of its kind adds to a request's energy with the others held,
+its static share included (a token that keeps the request on the server longer costs its
+share of the static power too). Its interval is 95% from heteroskedasticity-robust (HC1)
+errors (a long request's energy varies more), widened to the same fit through each request's
+attribution band (``energy_low_j``, ``energy_high_j``): the attribution's own uncertainty
+is not sampling noise and does not shrink with more requests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+from scipy import stats
+
+from ..rundir.read import HEADLINE, RunDir
+from .columns import column
+
+CONFIDENCE = 0.95
+# the fit's terms, in the order of its design matrix's columns
+TERMS = ("j_per_request", "j_per_uncached_token", "j_per_cached_token", "j_per_output_token")
+NO_CACHE_REPORT = (
+    "the server reported no cached prompt tokens (usage.prompt_tokens_details.cached_tokens): "
+    "the split by cache hit is missing"
+)
+
+
+def cache_report(run: RunDir) -> dict[str, Any]:
+    """The contents of ``analysis/cache.json``: the requests by cache hit, and per meter what
+    an uncached, a cached and an output token cost."""
+    ok = run.ok
+    cached = column(ok, "cached_prompt_tokens")
+    if ok.is_empty() or cached.null_count() == ok.height:
+        reason = "no measured request succeeded" if ok.is_empty() else NO_CACHE_REPORT
+        return {"groups": None, "per_token": None, "reason": reason}
+    known = ok.filter(cached.is_not_null() & column(ok, "prompt_tokens").is_not_null())
+    hit = column(known, "cached_prompt_tokens") > 0
+    return {
+        "groups": {"hit": _group(known.filter(hit)), "miss": _group(known.filter(~hit))},
+        "per_token": {meter: token_costs(known, meter) for meter in _meters(run)},
+        "unreported": ok.height - known.height,
+        "reason": None,
+        "notes": "hit: the server reported cached prompt tokens for the request; per_token: "
+        "energy_j = j_per_request + j_per_uncached_token·uncached + j_per_cached_token·cached + "
+        "j_per_output_token·output, least squares over measured requests that succeeded; low/high: "
+        "the 95% interval (HC1 errors) widened to the same fit through the attribution band",
+    }
+
+
+def _meters(run: RunDir) -> list[str]:
+    """The headline and each meter, except a meter that is the whole headline (the same fit twice)."""
+    sole = (run.summary or {}).get("energy", {}).get("headline_meters", [])
+    return [m for m in run.energy_meters if not (len(sole) == 1 and m == sole[0])]
+
+
+def _group(frame: pl.DataFrame) -> dict[str, Any]:
+    prompt = column(frame, "prompt_tokens")
+    energy = column(frame, "energy_j")
+    ttft = column(frame, "ttft_s").drop_nulls()
+    with_energy = energy.is_not_null()
+    input_tokens = prompt.filter(with_energy).sum()
+    return {
+        "requests": frame.height,
+        "prompt_tokens_mean": prompt.mean(),
+        "cached_share": _ratio(column(frame, "cached_prompt_tokens").sum(), prompt.sum()),
+        "ttft_p50_s": ttft.quantile(0.5) if ttft.len() else None,
+        "ttft_p95_s": ttft.quantile(0.95) if ttft.len() else None,
+        "energy_j_mean": energy.mean(),
+        "j_per_input_token": _ratio(energy.sum(), input_tokens) if with_energy.any() else None,
+    }
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or not denominator else float(numerator) / float(denominator)
+
+
+def token_costs(requests: pl.DataFrame, meter: str = HEADLINE) -> dict[str, Any]:
+    """The per-token fit of one meter's attributed energy over ``requests`` (each with its prompt
+    and cached token counts known); each term null with the reason where the data cannot say."""
+    prefix = "" if meter == HEADLINE else f"{meter}."
+    energy = column(requests, f"{prefix}energy_j").to_numpy()
+    prompt = column(requests, "prompt_tokens").to_numpy()
+    cached = column(requests, "cached_prompt_tokens").to_numpy()
+    output = column(requests, "output_tokens").to_numpy()
+    use = np.isfinite(energy) & np.isfinite(output)
+    design = np.column_stack([np.ones(use.sum()), (prompt - cached)[use], cached[use], output[use]])
+    reason = _unidentified(design)
+    if reason is not None:
+        return {"n": int(use.sum()), "reason": reason} | dict.fromkeys(TERMS)
+    fitted = _fit(design, energy[use])
+    bounds = [
+        _fit(design, column(requests, f"{prefix}energy_{side}_j").to_numpy()[use])["beta"]
+        for side in ("low", "high")
+        if f"{prefix}energy_{side}_j" in requests.columns
+    ]
+    out: dict[str, Any] = {"n": int(use.sum()), "r2": fitted["r2"], "reason": None}
+    for k, term in enumerate(TERMS):
+        estimate, half = fitted["beta"][k], fitted["half"][k]
+        ends = [estimate - half, estimate + half, *(b[k] for b in bounds if np.isfinite(b[k]))]
+        out[term] = {"estimate": estimate, "low": min(ends), "high": max(ends)}
+    out["cached_over_uncached"] = _ratio_band(out["j_per_cached_token"], out["j_per_uncached_token"])
+    return out
+
+
+def _unidentified(design: np.ndarray) -> str | None:
+    """Why the fit cannot separate its terms, or None."""
+    n, terms = design.shape
+    if n <= terms:
+        return f"{n} requests with energy: the fit of {terms} terms needs more"
+    cached = design[:, 2]
+    if not (cached > 0).any() or (cached > 0).all():
+        return "needs requests that hit the prefix cache and requests that missed it"
+    if np.linalg.matrix_rank(design) < terms:
+        return "the token counts do not vary independently (every request alike)"
+    return None
+
+
+def _fit(design: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """Least squares with HC1 standard errors: coefficients, their interval half-widths, R²."""
+    n, terms = design.shape
+    beta, *_ = np.linalg.lstsq(design, y, rcond=None)
+    residual = y - design @ beta
+    inverse = np.linalg.pinv(design.T @ design)
+    meat = (design * residual[:, None] ** 2).T @ design
+    covariance = inverse @ meat @ inverse * n / (n - terms)
+    t = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - terms))
+    spread = float(np.sum((y - y.mean()) ** 2))
+    return {
+        "beta": [float(b) for b in beta],
+        "half": [float(t * np.sqrt(max(v, 0.0))) for v in np.diag(covariance)],
+        "r2": 1.0 - float(residual @ residual) / spread if spread > 0 else None,
+    }
+
+
+def _ratio_band(cached: dict[str, float], uncached: dict[str, float]) -> dict[str, float | None]:
+    """What a cached token costs as a share of an uncached one; its band only where the
+    uncached cost is known to be positive (else any ratio is possible)."""
+    estimate = _ratio(cached["estimate"], uncached["estimate"]) if uncached["estimate"] > 0 else None
+    if uncached["low"] <= 0:
+        return {"estimate": estimate, "low": None, "high": None}
+    ends = [c / u for c in (cached["low"], cached["high"]) for u in (uncached["low"], uncached["high"])]
+    return {"estimate": estimate, "low": min(ends), "high": max(ends)}
