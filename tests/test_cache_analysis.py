@@ -50,7 +50,8 @@ def _requests(n: int, seed: int = 0, hit_share: float = 0.6) -> pl.DataFrame:
 def test_the_fit_recovers_a_known_law_and_its_band_holds_it() -> None:
     costs = token_costs(_requests(600))
     assert costs["reason"] is None
-    for term, true in LAW.items():
+    law = LAW | {"j_saved_per_cached_token": LAW["j_per_uncached_token"] - LAW["j_per_cached_token"]}
+    for term, true in law.items():
         figure = costs[term]
         assert figure["low"] <= true <= figure["high"], term
     assert costs["j_per_uncached_token"]["estimate"] == pytest.approx(0.02, rel=0.1)
@@ -69,6 +70,28 @@ def test_the_attribution_band_widens_what_sampling_alone_would_say() -> None:
         assert widened[term]["low"] <= narrow[term]["low"] and widened[term]["high"] >= narrow[term]["high"]
     for term in ("j_per_uncached_token", "j_per_output_token"):  # sampling pins these to a few %
         assert widened[term]["high"] - widened[term]["low"] > 2 * (narrow[term]["high"] - narrow[term]["low"])
+
+
+@pytest.mark.parametrize("jitter", [0, 3])
+def test_prompts_all_alike_still_give_what_caching_saves_but_not_each_token_s_cost(jitter: int) -> None:
+    # a prefix and a question of (about) one length: the hit/miss contrast pins the saving, but
+    # nothing tells an uncached token's cost from the request's
+    lengths = 1064 + np.random.default_rng(2).integers(-jitter, jitter + 1, 600)
+    frame = _requests(600).with_columns(pl.Series("prompt_tokens", lengths))
+    frame = frame.with_columns(
+        (
+            LAW["j_per_request"]
+            + LAW["j_per_uncached_token"] * (pl.col("prompt_tokens") - pl.col("cached_prompt_tokens"))
+            + LAW["j_per_cached_token"] * pl.col("cached_prompt_tokens")
+            + LAW["j_per_output_token"] * pl.col("output_tokens")
+        ).alias("energy_j")
+        * (1 + 0.05 * pl.Series(np.random.default_rng(1).standard_normal(600)))
+    )
+    costs = token_costs(frame)
+    assert costs["j_per_uncached_token"] is None and costs["j_per_cached_token"] is None
+    assert "vary too little" in costs["reason"]
+    saved = costs["j_saved_per_cached_token"]
+    assert saved["low"] <= 0.016 <= saved["high"] and saved["high"] - saved["low"] < 0.004
 
 
 def test_what_the_data_cannot_say_is_null_with_its_reason() -> None:

@@ -11,7 +11,8 @@ The per-token figures are one least-squares fit over the measured requests that 
     energy_j = j_per_request + j_per_uncached_token · uncached + j_per_cached_token · cached
                + j_per_output_token · output
 
-so each is what one more token of its kind adds to a request's energy with the others held,
+so each is what one more token of its kind adds to a request's energy with the others held
+(and ``j_saved_per_cached_token`` their difference, what caching saves),
 its static share included (a token that keeps the request on the server longer costs its
 share of the static power too). Its interval is 95% from heteroskedasticity-robust (HC1)
 errors (a long request's energy varies more), widened to the same fit through each request's
@@ -21,6 +22,7 @@ is not sampling noise and does not shrink with more requests.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,8 +33,22 @@ from ..rundir.read import HEADLINE, RunDir
 from .columns import column
 
 CONFIDENCE = 0.95
-# the fit's terms, in the order of its design matrix's columns
-TERMS = ("j_per_request", "j_per_uncached_token", "j_per_cached_token", "j_per_output_token")
+# The fit's coefficients: per request, per prompt token (as uncached), what a cached token saves
+# of that, per output token. Each figure reported is a combination of them: a cached token costs
+# an uncached one's less what caching saves. Fitting the saving itself keeps it resolved when
+# the prompts are all about as long (a prefix and a short question), where the hit/miss
+# contrast pins the saving but not what an uncached token costs apart from the request.
+FIGURES: dict[str, tuple[float, float, float, float]] = {
+    "j_per_request": (1, 0, 0, 0),
+    "j_per_uncached_token": (0, 1, 0, 0),
+    "j_per_cached_token": (0, 1, -1, 0),
+    "j_saved_per_cached_token": (0, 0, 1, 0),
+    "j_per_output_token": (0, 0, 0, 1),
+}
+UNRESOLVED = (
+    "the prompts' lengths vary too little to tell a token's cost from the request's (its "
+    "interval holds zero): vary them, e.g. --dataset synthetic --length-sigma 0.8"
+)
 NO_CACHE_REPORT = (
     "the server reported no cached prompt tokens (usage.prompt_tokens_details.cached_tokens): "
     "the split by cache hit is missing"
@@ -56,7 +72,8 @@ def cache_report(run: RunDir) -> dict[str, Any]:
         "reason": None,
         "notes": "hit: the server reported cached prompt tokens for the request; per_token: "
         "energy_j = j_per_request + j_per_uncached_token·uncached + j_per_cached_token·cached + "
-        "j_per_output_token·output, least squares over measured requests that succeeded; low/high: "
+        "j_per_output_token·output (j_saved_per_cached_token: uncached less cached), least squares "
+        "over measured requests that succeeded; low/high: "
         "the 95% interval (HC1 errors) widened to the same fit through the attribution band",
     }
 
@@ -90,28 +107,34 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 def token_costs(requests: pl.DataFrame, meter: str = HEADLINE) -> dict[str, Any]:
     """The per-token fit of one meter's attributed energy over ``requests`` (each with its prompt
-    and cached token counts known); each term null with the reason where the data cannot say."""
+    and cached token counts known); a figure null with the reason where the data cannot say."""
     prefix = "" if meter == HEADLINE else f"{meter}."
     energy = column(requests, f"{prefix}energy_j").to_numpy()
     prompt = column(requests, "prompt_tokens").to_numpy()
     cached = column(requests, "cached_prompt_tokens").to_numpy()
     output = column(requests, "output_tokens").to_numpy()
     use = np.isfinite(energy) & np.isfinite(output)
-    design = np.column_stack([np.ones(use.sum()), (prompt - cached)[use], cached[use], output[use]])
+    design = np.column_stack([np.ones(use.sum()), prompt[use], -cached[use], output[use]])
     reason = _unidentified(design)
     if reason is not None:
-        return {"n": int(use.sum()), "reason": reason} | dict.fromkeys(TERMS)
+        return {"n": int(use.sum()), "reason": reason} | dict.fromkeys([*FIGURES, "cached_over_uncached"])
     fitted = _fit(design, energy[use])
     bounds = [
-        _fit(design, column(requests, f"{prefix}energy_{side}_j").to_numpy()[use])["beta"]
+        _fit(design, column(requests, f"{prefix}energy_{side}_j").to_numpy()[use])
         for side in ("low", "high")
         if f"{prefix}energy_{side}_j" in requests.columns
     ]
-    out: dict[str, Any] = {"n": int(use.sum()), "r2": fitted["r2"], "reason": None}
-    for k, term in enumerate(TERMS):
-        estimate, half = fitted["beta"][k], fitted["half"][k]
-        ends = [estimate - half, estimate + half, *(b[k] for b in bounds if np.isfinite(b[k]))]
-        out[term] = {"estimate": estimate, "low": min(ends), "high": max(ends)}
+    out: dict[str, Any] = {"n": int(use.sum()), "r2": fitted.r2, "reason": None}
+    for name, weights in FIGURES.items():
+        if not fitted.estimable(weights):
+            out[name] = None
+            continue
+        estimate, half = fitted.figure(weights)
+        ends = [estimate - half, estimate + half, *(b.figure(weights)[0] for b in bounds)]
+        out[name] = {"estimate": estimate, "low": min(ends), "high": max(ends)}
+    if out["j_per_uncached_token"] is None or out["j_per_uncached_token"]["low"] <= 0:
+        out["j_per_uncached_token"] = out["j_per_cached_token"] = None
+        out["reason"] = UNRESOLVED
     out["cached_over_uncached"] = _ratio_band(out["j_per_cached_token"], out["j_per_uncached_token"])
     return out
 
@@ -121,34 +144,56 @@ def _unidentified(design: np.ndarray) -> str | None:
     n, terms = design.shape
     if n <= terms:
         return f"{n} requests with energy: the fit of {terms} terms needs more"
-    cached = design[:, 2]
-    if not (cached > 0).any() or (cached > 0).all():
+    hit = design[:, 2] < 0
+    if not hit.any() or hit.all():
         return "needs requests that hit the prefix cache and requests that missed it"
-    if np.linalg.matrix_rank(design) < terms:
-        return "the token counts do not vary independently (every request alike)"
     return None
 
 
-def _fit(design: np.ndarray, y: np.ndarray) -> dict[str, Any]:
-    """Least squares with HC1 standard errors: coefficients, their interval half-widths, R²."""
+@dataclass(frozen=True)
+class _Fit:
+    beta: np.ndarray
+    covariance: np.ndarray  # heteroskedasticity-robust (HC1)
+    projection: np.ndarray  # onto the design's row space: what the data can tell apart
+    t: float  # the interval's t quantile
+    r2: float | None
+
+    def estimable(self, weights: tuple[float, ...]) -> bool:
+        """Whether the data determine this combination (every prompt one length: the saving
+        is, but not a token's cost apart from the request's)."""
+        w = np.asarray(weights, dtype=float)
+        return bool(np.allclose(self.projection @ w, w, atol=1e-6))
+
+    def figure(self, weights: tuple[float, ...]) -> tuple[float, float]:
+        """A combination of the coefficients and its interval's half-width."""
+        w = np.asarray(weights, dtype=float)
+        return float(w @ self.beta), self.t * float(np.sqrt(max(float(w @ self.covariance @ w), 0.0)))
+
+
+def _fit(design: np.ndarray, y: np.ndarray) -> _Fit:
+    """Least squares with HC1 errors (a long request's energy varies more)."""
     n, terms = design.shape
     beta, *_ = np.linalg.lstsq(design, y, rcond=None)
     residual = y - design @ beta
     inverse = np.linalg.pinv(design.T @ design)
     meat = (design * residual[:, None] ** 2).T @ design
-    covariance = inverse @ meat @ inverse * n / (n - terms)
-    t = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - terms))
     spread = float(np.sum((y - y.mean()) ** 2))
-    return {
-        "beta": [float(b) for b in beta],
-        "half": [float(t * np.sqrt(max(v, 0.0))) for v in np.diag(covariance)],
-        "r2": 1.0 - float(residual @ residual) / spread if spread > 0 else None,
-    }
+    return _Fit(
+        beta=beta,
+        covariance=inverse @ meat @ inverse * n / (n - terms),
+        projection=np.linalg.pinv(design) @ design,
+        t=float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - terms)),
+        r2=1.0 - float(residual @ residual) / spread if spread > 0 else None,
+    )
 
 
-def _ratio_band(cached: dict[str, float], uncached: dict[str, float]) -> dict[str, float | None]:
+def _ratio_band(
+    cached: dict[str, float] | None, uncached: dict[str, float] | None
+) -> dict[str, float | None] | None:
     """What a cached token costs as a share of an uncached one; its band only where the
     uncached cost is known to be positive (else any ratio is possible)."""
+    if cached is None or uncached is None:
+        return None
     estimate = _ratio(cached["estimate"], uncached["estimate"]) if uncached["estimate"] > 0 else None
     if uncached["low"] <= 0:
         return {"estimate": estimate, "low": None, "high": None}

@@ -120,16 +120,17 @@ def _print_cache(cache: dict[str, Any]) -> None:
     ]
     out.print(f"cache: {', '.join(parts)}")
     for meter, costs in cache["per_token"].items():
-        if costs["reason"] is not None:
+        saved = costs["j_saved_per_cached_token"]
+        if saved is None:
             out.print(f"  {meter} per input token: {costs['reason']}")
             continue
-        figures = [
-            f"{kind} {_band(costs[f'j_per_{kind}_token'], ' J')}" for kind in ("uncached", "cached")
-        ]
-        ratio = costs["cached_over_uncached"]
-        out.print(
-            f"  {meter} per input token: {', '.join(figures)} (cached/uncached {fmt(ratio['estimate'], '.2f')})"
-        )
+        line = f"  {meter} per input token: caching saves {_band(saved, ' J')}"
+        if costs["j_per_uncached_token"] is None:
+            out.print(f"{line}; {costs['reason']}")
+            continue
+        figures = [f"{kind} {_band(costs[f'j_per_{kind}_token'], ' J')}" for kind in ("uncached", "cached")]
+        ratio = costs["cached_over_uncached"]["estimate"]
+        out.print(f"{line}: {', '.join(figures)} (cached/uncached {fmt(ratio, '.2f')})")
 
 
 def _band(figure: dict[str, float], unit: str) -> str:
