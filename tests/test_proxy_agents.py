@@ -2,8 +2,9 @@
 
 The OpenAI Agents SDK (``openai-agents``) drives tool-using tasks against the built-in simulator
 through ``ipw-async proxy``: it installs from the package index with the ``mcp`` SDK it already
-needs, talks to any OpenAI-compatible URL over /chat/completions, runs offline once its
-tracing export is off, and runs both streamed and whole completions.
+needs, talks to any OpenAI-compatible URL over /chat/completions or the Responses API
+(/responses, its default model), runs offline once its tracing export is off, and runs both
+streamed and whole completions.
 """
 
 from __future__ import annotations
@@ -38,13 +39,16 @@ def knowledge(key: str) -> str:
         return f"error: {exc}"
 
 
-async def _solve(url: str, name: str, question: str, streamed: bool) -> str:
+MODELS = {"chat": agents.OpenAIChatCompletionsModel, "responses": agents.OpenAIResponsesModel}
+
+
+async def _solve(url: str, api: str, name: str, question: str, streamed: bool) -> str:
     client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
     agent = agents.Agent(
         name="solver",
         instructions="Answer with the tools you are given.",
         tools=[knowledge],
-        model=agents.OpenAIChatCompletionsModel(model="sim-small", openai_client=client),
+        model=MODELS[api](model="sim-small", openai_client=client),
         model_settings=agents.ModelSettings(max_tokens=64, extra_headers={TASK_HEADER: name}),
     )
     if streamed:
@@ -55,7 +59,8 @@ async def _solve(url: str, name: str, question: str, streamed: bool) -> str:
     return str((await agents.Runner.run(agent, question, max_turns=6)).final_output)
 
 
-async def test_an_agent_framework_through_the_proxy_gets_joules_per_task(tmp_path: Path) -> None:
+@pytest.mark.parametrize("api", list(MODELS))
+async def test_an_agent_framework_through_the_proxy_gets_joules_per_task(tmp_path: Path, api: str) -> None:
     agents.set_tracing_disabled(True)
     config = RunConfig(output_dir=tmp_path / "run", baseline_s=0.5, tail_s=0.2, duration=120, seed=3)
     ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -63,7 +68,10 @@ async def test_an_agent_framework_through_the_proxy_gets_joules_per_task(tmp_pat
     await asyncio.wait({run, ready}, return_when=asyncio.FIRST_COMPLETED)
     url = ready.result()
     answers = await asyncio.gather(
-        *(_solve(url, name, q, streamed=i % 2 == 0) for i, (name, (q, _)) in enumerate(QUESTIONS.items()))
+        *(
+            _solve(url, api, name, q, streamed=i % 2 == 0)
+            for i, (name, (q, _)) in enumerate(QUESTIONS.items())
+        )
     )
     async with httpx.AsyncClient(timeout=10) as http:
         for (name, (_, reference)), answer in zip(QUESTIONS.items(), answers, strict=True):
@@ -81,6 +89,11 @@ async def test_an_agent_framework_through_the_proxy_gets_joules_per_task(tmp_pat
     assert sorted(t["query_id"] for t in tasks) == sorted(QUESTIONS)
     assert result.summary["simulated"] is True and result.summary["complete"] is True
     assert (records["status"] == "ok").all()
+    # every call was read as its API words it: the finish, and the tokens from the server's usage
+    finishes = {"chat": {"stop", "tool_calls"}, "responses": {"completed"}}[api]
+    assert set(records["finish_reason"]) <= finishes, set(records["finish_reason"])
+    assert records["prompt_tokens"].null_count() == 0 and (records["output_tokens_source"] == "usage").all()
+    assert (records["prompt"] != "").all()  # what each call added: the question, or a tool's result
     # the framework called its tool between LLM calls: every task took more than one call
     assert all(len(t["turns"]) >= 2 for t in tasks), [len(t["turns"]) for t in tasks]
     assert records.filter(pl.col("tool_calls").list.len() > 0).height >= len(QUESTIONS)

@@ -39,9 +39,11 @@ class Echo:
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, str | None]] = []
+        self.anthropic: list[tuple[str | None, str | None]] = []  # x-api-key, anthropic-version
 
     async def any(self, request: web.Request) -> web.Response:
         self.seen.append((request.method, request.raw_path, request.headers.get("authorization")))
+        self.anthropic.append((request.headers.get("x-api-key"), request.headers.get("anthropic-version")))
         if request.path.endswith("/chat/completions"):
             return web.Response(body=COMPLETION, content_type="application/json")
         return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
@@ -73,6 +75,7 @@ async def _proxied(
     if run in done:
         run.result()
     upstream.seen.clear()
+    upstream.anthropic.clear()
     try:
         answer = await agent(ready.result().replace("0.0.0.0", "127.0.0.1"))
     finally:
@@ -156,6 +159,32 @@ async def test_with_a_token_only_callers_that_send_it_are_forwarded_and_recorded
     for path in (tmp_path / "run").rglob("*"):
         if path.is_file():
             assert TOKEN.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.parametrize("api_key", [KEY, None])
+async def test_an_anthropic_caller_sends_the_token_as_its_key_and_the_operators_key_goes_as_anthropics(
+    tmp_path: Path, echo: tuple[Echo, str], api_key: str | None
+) -> None:
+    upstream, base = echo
+    message = {"model": "scripted", "max_tokens": 8, "messages": [{"role": "user", "content": "Q"}]}
+
+    async def agent(url: str) -> list[int]:
+        async with httpx.AsyncClient(timeout=10) as http:
+            answers = [
+                await http.post(f"{url}/messages", json=message, headers={"x-api-key": "wrong"}),
+                await http.post(f"{url}/messages", json=message, headers={"x-api-key": TOKEN}),
+            ]
+        return [a.status_code for a in answers]
+
+    config = _config(tmp_path, base, api_key=api_key)
+    _, statuses = await _proxied(config, upstream, agent, host="0.0.0.0", token=TOKEN)
+    assert statuses == [401, 200]
+    # the token stays here; the operator's key goes where Anthropic reads it, with its API version
+    assert upstream.seen == [("POST", "/v1/messages", None)]
+    assert upstream.anthropic == [(api_key, "2023-06-01")]
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file():
+            assert TOKEN.encode() not in path.read_bytes() and KEY.encode() not in path.read_bytes(), path
 
 
 async def test_only_the_measured_endpoints_are_forwarded(tmp_path: Path, echo: tuple[Echo, str]) -> None:

@@ -1,5 +1,6 @@
-"""The OpenAI-compatible streaming client: a request out, SSE events stamped on arrival into a
-record, every failure a typed outcome."""
+"""The streaming client: a request out to one of the APIs a run speaks (OpenAI chat,
+completions and Responses, Anthropic Messages), SSE events stamped on arrival into a record,
+every failure a typed outcome."""
 
 from __future__ import annotations
 
@@ -12,9 +13,44 @@ from .._clock import now_ns
 from ..records import ErrorType, RequestRecord, Status
 from ..telemetry.http import redact_url, redact_urls
 from ..transport import Clock, ConnectionPool, Network, PoolTransport
-from ._events import EventStream, StreamParser, error_message, fail
+from ._events import (
+    ChatParser,
+    EventStream,
+    MessagesParser,
+    ResponsesParser,
+    StreamParser,
+    error_message,
+    fail,
+)
 
-ENDPOINTS = ("chat", "completions")  # the APIs a run can speak: --endpoint's choices
+
+@dataclass(frozen=True)
+class Api:
+    """One API a run can speak: where its calls go under the base URL, how its replies read,
+    and whether a stream carries its token counts only when asked (OpenAI's
+    ``stream_options.include_usage``; the Responses and Messages APIs always send them)."""
+
+    path: str
+    parser: type[StreamParser]
+    asks_usage: bool = False
+
+
+APIS: dict[str, Api] = {
+    "chat": Api("/chat/completions", ChatParser, asks_usage=True),
+    "completions": Api("/completions", ChatParser, asks_usage=True),
+    "responses": Api("/responses", ResponsesParser),
+    "messages": Api("/messages", MessagesParser),
+}
+ENDPOINTS = tuple(APIS)  # --endpoint's choices
+ANTHROPIC_VERSION = "2023-06-01"  # the Messages API version whose events the parser reads
+
+
+def api_headers(endpoint: str, api_key: str | None) -> dict[str, str]:
+    """The headers ``endpoint``'s API wants on every call: ``api_key`` as Anthropic's
+    ``x-api-key`` with the API version it requires for messages, as a bearer token otherwise."""
+    if endpoint == "messages":
+        return {"anthropic-version": ANTHROPIC_VERSION} | ({"x-api-key": api_key} if api_key else {})
+    return {"authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 class ServerUnreachable(Exception):
@@ -74,10 +110,11 @@ class StreamingClient:
         self.config = config
         self.t0_ns = t0_ns
         self.clock = clock
-        url = api_url(config.base_url, "/chat/completions" if config.endpoint == "chat" else "/completions")
+        api = APIS[config.endpoint]
+        self._parser = api.parser
+        url = api_url(config.base_url, api.path)
         headers = "content-type: application/json\r\naccept: text/event-stream\r\nuser-agent: ipw-async\r\n"
-        if config.api_key:
-            headers += f"authorization: Bearer {config.api_key}\r\n"
+        headers += "".join(f"{k}: {v}\r\n" for k, v in api_headers(config.endpoint, config.api_key).items())
         self._headers = headers.encode()
         self._pool = ConnectionPool(
             config.max_connections,
@@ -94,7 +131,7 @@ class StreamingClient:
     async def send(self, record: RequestRecord, body: bytes) -> None:
         """Send one streaming request and fill ``record``; never raises but for cancellation."""
         t0 = self.t0_ns
-        parser = StreamParser(record, t0)
+        parser = self._parser(record, t0)
         exchange = None
         headers = self._headers + b"x-ipw-request-id: %d\r\n" % record.request_id
         try:
@@ -139,13 +176,16 @@ class StreamingClient:
                 record.closed_ns = self.clock() - t0
 
 
-async def list_models(base_url: str, api_key: str | None, timeout: float = 10.0) -> list[str]:
-    """The server's models, through the run's own transport (its TLS and proxy rules);
-    raises ServerUnreachable with an actionable one-line message."""
+async def list_models(
+    base_url: str, api_key: str | None, timeout: float = 10.0, endpoint: str = "chat"
+) -> list[str]:
+    """The server's models, through the run's own transport (its TLS and proxy rules), asked
+    with the key as ``endpoint``'s API sends it; raises ServerUnreachable with an actionable
+    one-line message."""
     shown = redact_url(base_url)
     if not base_url.startswith(("http://", "https://")):
         raise ServerUnreachable(f"invalid --base-url {shown!r}: expected http(s)://host:port/v1")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = api_headers(endpoint, api_key)
     url = api_url(base_url, "/models")
     try:
         transport = PoolTransport(ConnectionPool(1, connect_timeout_s=timeout, read_timeout_s=timeout))

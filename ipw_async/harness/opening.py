@@ -260,7 +260,7 @@ class RunOpening:
             self.workload,
             upstream,
             t0_ns,
-            BodyDefaults(model, config.max_tokens, config.temperature, config.params),
+            BodyDefaults(model, config.max_tokens, config.temperature, config.params, config.endpoint),
             config.scorer or self.workload.scorer,
             0 if self.resume is None else self.resume.session,
         )

@@ -35,7 +35,7 @@ async def simulator(config: SimConfig) -> AsyncIterator[SimulatorProcess]:
 
 async def serving_model(config: RunConfig, base_url: str) -> str:
     """The model the run asks for, checked against what the server lists."""
-    models = await list_models(base_url, config.api_key, timeout=config.connect_timeout)
+    models = await list_models(base_url, config.api_key, timeout=config.connect_timeout, endpoint=config.endpoint)
     shown = redact_url(base_url)
     if config.model is None:
         if not models:

@@ -1,8 +1,10 @@
-"""A recording proxy: any agent framework's OpenAI calls, measured as a run measures its own.
+"""A recording proxy: any agent framework's OpenAI (chat, completions, Responses) or Anthropic
+(Messages) calls, measured as a run measures its own.
 
     ipw-async proxy --upstream http://gpu-host:8000/v1 --port 8800
 
-and point the agent at ``http://127.0.0.1:8800/v1``. Ctrl-C (or ``--duration``) ends the run
+and point the agent at ``http://127.0.0.1:8800/v1`` (an Anthropic client at
+``http://127.0.0.1:8800``: its SDK adds the ``/v1``). Ctrl-C (or ``--duration``) ends the run
 and finishes its directory: per-call and per-task energy, traces and ``analyze`` as for any run.
 
 Beyond loopback the proxy wants a token, which its callers send as their API key: the upstream

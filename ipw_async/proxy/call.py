@@ -1,9 +1,10 @@
 """What the proxy reads from a call's body, and the one change it may make to it.
 
-A call's energy is split by its tokens, and a stream carries its token counts only when asked
-(OpenAI's ``stream_options.include_usage``). A streamed call that does not say either way is
-sent asking; the usage-only event that brings (no choices, the call's usage) is the proxy's,
-and is kept from the caller, who gets every other event as the upstream sent it.
+A call's energy is split by its tokens, and a chat or completions stream carries its token
+counts only when asked (OpenAI's ``stream_options.include_usage``; the Responses and Messages
+APIs always send them). A streamed call that does not say either way is sent asking; the
+usage-only event that brings (no choices, the call's usage) is the proxy's, and is kept from
+the caller, who gets every other event as the upstream sent it.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ class _Body(msgspec.Struct):
     stream: object = None
     stream_options: object = None
     messages: list[msgspec.Raw] | None = None
+    input: list[msgspec.Raw] | str | None = None  # OpenAI Responses: the messages, or one prompt
     prompt: object = None
 
 
-class _Message(msgspec.Struct):
+class _Message(msgspec.Struct):  # a message, or a Responses input item
     content: object = None
+    output: object = None  # a function call's output, sent back as a Responses input item
 
 
 _body = msgspec.json.Decoder(_Body).decode
@@ -41,16 +44,21 @@ class Call:
     _body: _Body | None
 
     def prompt(self) -> str:
-        """What the call adds to its conversation: the last message's text, or the prompt."""
+        """What the call adds to its conversation: the last message's (or input item's) text,
+        or the prompt."""
         body = self._body
         if body is None:
             return ""
-        if body.messages:
+        if isinstance(body.input, str):
+            return body.input
+        messages = body.messages or body.input
+        if messages:
             try:
-                content = _message(body.messages[-1]).content
+                last = _message(messages[-1])
             except (msgspec.DecodeError, msgspec.ValidationError):
                 return ""
-            if isinstance(content, list):  # content parts: their text
+            content = last.output if last.content is None else last.content
+            if isinstance(content, list):  # content parts (or blocks): their text
                 return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
             return "" if content is None else str(content)
         return body.prompt if isinstance(body.prompt, str) else ""

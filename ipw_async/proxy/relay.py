@@ -1,7 +1,7 @@
 """One call forwarded upstream over the run's own transport, its response bytes handed back as
 they came (less the usage event the proxy asked for, see :mod:`.call`), and the call stamped
 into a record on the way exactly as the run's client stamps its own requests (the same
-connection stamps, the same SSE parser)."""
+connection stamps, the same SSE parser for the call's API)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import msgspec
-
 from ..client import (
+    APIS,
     ClientConfig,
     EventStream,
-    StreamParser,
-    Timings,
-    Usage,
+    api_headers,
     api_url,
     error_message,
     fail,
-    read_usage,
     transport_failed,
 )
 from ..records import ErrorType, RequestRecord
@@ -32,6 +28,7 @@ _HOP = frozenset(
     b"connection keep-alive proxy-authenticate proxy-authorization proxy-connection te trailer "
     b"transfer-encoding upgrade host content-length".split()
 )
+_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})  # OpenAI's bearer key, Anthropic's key
 # The proxy reads every response: it asks for one it can read, whatever the caller accepts
 # (HTTP clients ask for gzip by default, and hosted APIs give it).
 _IDENTITY = b"accept-encoding: identity\r\n"
@@ -46,61 +43,8 @@ class Head:
     streaming: bool  # an event stream, rather than one body
 
 
-class _Message(msgspec.Struct):
-    content: str | None = None
-    reasoning_content: str | None = None
-    tool_calls: list[dict[str, object]] | None = None
-
-
-class _Choice(msgspec.Struct):
-    index: int = 0
-    message: _Message | None = None
-    text: str | None = None
-    finish_reason: str | None = None
-
-
-class _Completion(msgspec.Struct):
-    choices: list[_Choice] = []
-    usage: Usage | None = None
-    timings: Timings | None = None
-
-
-_completion = msgspec.json.Decoder(_Completion).decode
-
-
-def read_completion(record: RequestRecord, body: bytes) -> None:
-    """A whole (non-streaming) completion into ``record``: its text, tool calls, finish reason
-    and token counts as a stream's are read; it has no time to first token."""
-    try:
-        completion = _completion(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        fail(record, ErrorType.MALFORMED, f"the completion is not the OpenAI shape ({exc}): {body[:80]!r}")
-        return
-    choice = next((c for c in completion.choices if c.index == 0), None)
-    if choice is not None:
-        message = choice.message
-        record.answer = (message.content if message else choice.text) or ""
-        record.reasoning = (message.reasoning_content if message else None) or ""
-        for call in (message.tool_calls if message else None) or ():
-            function = call.get("function")
-            function = function if isinstance(function, dict) else {}
-            record.tool_calls.append(
-                {
-                    "id": _text(call.get("id")),
-                    "name": _text(function.get("name")),
-                    "arguments": _text(function.get("arguments")),
-                }
-            )
-        record.finish_reason = choice.finish_reason
-    read_usage(record, completion.usage, completion.timings)
-
-
 def _passed_back(exchange: Exchange) -> list[tuple[str, str]]:
     return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in exchange.headers if k.lower() not in _HOP]
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 class CallerGone(Exception):
@@ -112,14 +56,15 @@ Write = Callable[[bytes], Awaitable[None]]  # raises CallerGone
 
 class Relay:
     """Forwards calls to the upstream server at ``config.base_url`` through one connection pool.
-    A caller's ``Authorization`` goes upstream only with ``forward_authorization`` (false where it
-    carries the proxy's own token) and no ``config.api_key``, which replaces it."""
+    A caller's key (``Authorization`` or ``x-api-key``) goes upstream only with
+    ``forward_authorization`` (false where it carries the proxy's own token) and no
+    ``config.api_key``, which replaces it in the header the call's API reads."""
 
     def __init__(self, config: ClientConfig, t0_ns: int, forward_authorization: bool = True) -> None:
         self.base = config.base_url
         self.t0_ns = t0_ns
-        self.authorization = f"Bearer {config.api_key}".encode() if config.api_key else None
-        self.forward_authorization = forward_authorization and self.authorization is None
+        self.api_key = config.api_key
+        self.forward_authorization = forward_authorization and not config.api_key
         self.pool = ConnectionPool(
             config.max_connections,
             connect_timeout_s=config.connect_timeout,
@@ -136,30 +81,41 @@ class Relay:
         url = api_url(self.base, f"/{path}")
         return f"{url}{'&' if '?' in url else '?'}{query}" if asked else url
 
-    def _headers(self, headers: list[tuple[bytes, bytes]], request_id: int) -> bytes:
-        lines = []
+    def _headers(self, headers: list[tuple[bytes, bytes]], request_id: int, endpoint: str = "chat") -> bytes:
+        """The caller's headers as forwarded, with what ``endpoint``'s API wants that the caller
+        did not send (the operator's key; Anthropic's API version)."""
+        lines, sent = [], set()
         for name, value in headers:
             key = name.lower()
             if key in _HOP or key == b"accept-encoding" or key.startswith(b"x-ipw-"):
                 continue
-            if key == b"authorization" and not self.forward_authorization:
+            if key in _CREDENTIALS and not self.forward_authorization:
                 continue
             lines.append(b"%s: %s\r\n" % (name, value))
-        if self.authorization is not None:
-            lines.append(b"authorization: %s\r\n" % self.authorization)
+            sent.add(key)
+        for name, value in api_headers(endpoint, self.api_key).items():
+            if name.encode() not in sent:
+                lines.append(f"{name}: {value}\r\n".encode())
         lines.append(_IDENTITY)
         lines.append(b"x-ipw-request-id: %d\r\n" % request_id)
         return b"".join(lines)
 
     async def open(
-        self, record: RequestRecord, method: bytes, path: str, headers: list[tuple[bytes, bytes]], body: bytes
+        self,
+        record: RequestRecord,
+        method: bytes,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        endpoint: str = "chat",
     ) -> tuple[Head, Exchange] | None:
-        """Send the call; its response head, or None when it failed before one came (the record
-        says why)."""
+        """Send the call to ``endpoint``'s API; its response head, or None when it failed before
+        one came (the record says why)."""
         route = self.pool.route(self._url(path))
         record.sent_ns = self.pool.clock() - self.t0_ns
+        sent = self._headers(headers, record.request_id, endpoint)
         try:
-            exchange = await self.pool.request(route, method, self._headers(headers, record.request_id), body)
+            exchange = await self.pool.request(route, method, sent, body)
         except Exception as exc:  # every transport failure is the call's recorded outcome
             transport_failed(record, exc)
             return None
@@ -172,12 +128,17 @@ class Relay:
         return Head(exchange.status, _passed_back(exchange), streaming), exchange
 
     async def stream(
-        self, record: RequestRecord, exchange: Exchange, write: Write, hide_usage: bool = False
+        self,
+        record: RequestRecord,
+        exchange: Exchange,
+        write: Write,
+        hide_usage: bool = False,
+        endpoint: str = "chat",
     ) -> None:
-        """Hand the event stream to ``write`` as it arrives while parsing it into ``record``
-        (less its usage-only event with ``hide_usage``); an upstream that fails mid-stream fails
-        the record and raises its error."""
-        parser = StreamParser(record, self.t0_ns)
+        """Hand the event stream to ``write`` as it arrives while parsing it into ``record`` as
+        ``endpoint``'s API (less its usage-only event with ``hide_usage``); an upstream that
+        fails mid-stream fails the record and raises its error."""
+        parser = APIS[endpoint].parser(record, self.t0_ns)
         events = EventStream(parser, self.t0_ns)
         pieces: asyncio.Queue[bytes | None] = asyncio.Queue()
         passed = WithoutUsage() if hide_usage else None
@@ -215,13 +176,13 @@ class Relay:
             if not exchange.done:
                 exchange.abandon()
 
-    async def body(self, record: RequestRecord, exchange: Exchange) -> bytes:
-        """A whole response, read into ``record`` when it is a completion."""
+    async def body(self, record: RequestRecord, exchange: Exchange, endpoint: str = "chat") -> bytes:
+        """A whole response, read into ``record`` as ``endpoint``'s reply when it is not an error."""
         data = await exchange.read()
         if record.http_status is not None and record.http_status >= 400:
             fail(record, ErrorType.HTTP, f"HTTP {record.http_status}: {error_message(data)}")
         else:
-            read_completion(record, data)
+            APIS[endpoint].parser(record, self.t0_ns).whole(data)
         return data
 
     async def passthrough(

@@ -1,12 +1,15 @@
-"""The recording proxy's HTTP side: an OpenAI-compatible endpoint for any agent framework.
+"""The recording proxy's HTTP side: an OpenAI- and Anthropic-compatible endpoint for any agent
+framework.
 
-Every ``POST /v1/chat/completions`` and ``/v1/completions`` is forwarded to the upstream
-server and its response streamed back unchanged, while the call is kept as a record of the run.
+Every ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` (OpenAI) and
+``/v1/messages`` (Anthropic) is forwarded to the upstream server and its response streamed
+back unchanged, while the call is kept as a record of the run, read as its API words it.
 A call that carries ``x-ipw-task: NAME`` is a turn of task NAME; the task ends at
 ``POST /ipw/tasks/NAME/end`` (optionally with its answer and reference) or when the proxy
 stops. ``GET /v1/models`` and ``/v1/models/ID`` are forwarded without being recorded; nothing
 else is forwarded, so the proxy relays only what it measures. Given a token, every request must
-carry it as a bearer header, and one that does not is answered 401 before anything is read,
+carry it as a bearer header or as ``x-api-key`` (what OpenAI and Anthropic clients send their
+API key as), and one that does not is answered 401 before anything is read,
 forwarded or recorded.
 """
 
@@ -24,7 +27,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from .._clock import NS, now_ns
-from ..client import ClientConfig, fail
+from ..client import APIS, ClientConfig, fail
 from ..errors import RunError
 from ..harness.ledger import RunLedger
 from ..records import ErrorType, RequestRecord, Status
@@ -35,13 +38,13 @@ from .call import Call, read_call
 from .relay import CallerGone, Relay
 
 TASK_HEADER = "x-ipw-task"
-RECORDED = ("chat/completions", "completions")  # under /v1, POST
+RECORDED = {api.path.lstrip("/"): name for name, api in APIS.items()}  # under /v1, POST: its API
 # a long agent history is a few MB; the bound is what keeps a caller from filling our memory
 MAX_BODY = 32 * 1024 * 1024
 MAX_TASK_NAME = 200  # characters
 MAX_OPEN_TASKS = 10_000  # each open task holds its turns until it ends
 SERVED = (
-    "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/ID "
+    f"{', '.join(f'POST /v1/{path}' for path in RECORDED)}, GET /v1/models, GET /v1/models/ID "
     "and POST /ipw/tasks/NAME/end"
 )
 _PATH_SAFE = ":@!$&'()*+,;="  # a path segment's characters (RFC 3986), as sent
@@ -57,7 +60,8 @@ class RecordingProxy:
     """Serves on ``host:port`` while the run measures (a :class:`~ipw_async.harness.live.CallSource`);
     ``ready`` hears the proxy's base URL once it listens. With ``stream_usage``, a streamed call
     that does not say whether it wants usage asks the upstream for it (see :mod:`.call`). With a
-    ``token`` every request must send ``Authorization: Bearer TOKEN``, which is never forwarded;
+    ``token`` every request must send ``Authorization: Bearer TOKEN`` or ``x-api-key: TOKEN``,
+    which is never forwarded;
     without one it serves whoever reaches ``host:port`` (:func:`~ipw_async.proxy.run_proxy`
     refuses that beyond loopback unless told to)."""
 
@@ -148,18 +152,23 @@ class RecordingProxy:
     async def _auth(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if self._token is not None:
-            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode("utf-8", "surrogateescape"), self._token
-            ):
-                return _error(
-                    401,
-                    "this proxy wants its token: send Authorization: Bearer TOKEN (an OpenAI "
-                    "client's api_key), TOKEN being the content of the proxy's --token-file",
-                    {"WWW-Authenticate": 'Bearer realm="ipw-async proxy"'},
-                )
+        if self._token is not None and not self._authorized(request):
+            return _error(
+                401,
+                "this proxy wants its token: send Authorization: Bearer TOKEN (an OpenAI "
+                "client's api_key) or x-api-key: TOKEN (an Anthropic client's), TOKEN being "
+                "the content of the proxy's --token-file",
+                {"WWW-Authenticate": 'Bearer realm="ipw-async proxy"'},
+            )
         return await handler(request)
+
+    def _authorized(self, request: web.Request) -> bool:
+        """The request carries the token, as a bearer token or as Anthropic's ``x-api-key``."""
+        assert self._token is not None
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            given = request.headers.get("x-api-key", "")
+        return hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"), self._token)
 
     async def _unserved(self, request: web.Request) -> web.Response:
         return _error(404, f"{request.method} {request.path[:100]} is not served here: this proxy serves {SERVED}")
@@ -183,15 +192,16 @@ class RecordingProxy:
                 "(POST /ipw/tasks/NAME/end) before opening another",
             )
         path = request.match_info["path"]
+        endpoint = RECORDED[path]
         headers = list(request.raw_headers)  # as they came: no decoding, any bytes
-        call = read_call(body, self.stream_usage)
+        call = read_call(body, self.stream_usage and APIS[endpoint].asks_usage)
         handler = asyncio.current_task()
         assert handler is not None
         self._handlers.add(handler)
         record, task = self._record(task_name, arrived)
         self.ledger.started()
         try:
-            return await self._relay(request, record, _with_query(path, request), headers, call)
+            return await self._relay(request, record, endpoint, headers, call)
         except asyncio.CancelledError:
             record.status, record.error_type = Status.CANCELLED, ErrorType.CANCELLED
             record.error_message = "the proxy stopped while this call was in flight"
@@ -212,17 +222,18 @@ class RecordingProxy:
         self,
         request: web.Request,
         record: RequestRecord,
-        path: str,
+        endpoint: str,
         headers: list[tuple[bytes, bytes]],
         call: Call,
     ) -> web.StreamResponse:
-        opened = await self.relay.open(record, request.method.encode(), path, headers, call.sent)
+        path = _with_query(request.match_info["path"], request)
+        opened = await self.relay.open(record, request.method.encode(), path, headers, call.sent, endpoint)
         if opened is None:  # no answer from upstream: the caller gets the reason, as a server error
             error = {"error": {"message": record.error_message, "type": "upstream_unreachable"}}
             return web.json_response(error, status=502)
         head, exchange = opened
         if not head.streaming:
-            data = await self.relay.body(record, exchange)
+            data = await self.relay.body(record, exchange, endpoint)
             return web.Response(body=data, status=head.status, headers=head.headers)
         response = web.StreamResponse(status=head.status, headers=head.headers)
         await response.prepare(request)
@@ -234,7 +245,7 @@ class RecordingProxy:
                 raise CallerGone from exc
 
         try:
-            await self.relay.stream(record, exchange, write, hide_usage=call.asked_usage)
+            await self.relay.stream(record, exchange, write, hide_usage=call.asked_usage, endpoint=endpoint)
         except CallerGone:
             fail(
                 record,

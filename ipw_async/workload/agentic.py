@@ -3,11 +3,13 @@
 The tasks are the built-in ones or a task file's (:mod:`.taskfile`); the tools are the built-in
 functions run here, or those of MCP servers (:mod:`.mcp_tools`), opened with the workload.
 
-Two protocols, one loop. ``tools`` is OpenAI tool calling (``tools`` in the request, streamed
-``tool_calls``, ``role: tool`` results), for instruct servers on /chat/completions. ``react``
-is the text protocol (``Action: tool[input]`` / ``Observation:``, few-shot, a stop sequence),
-for base models on /completions. A task ends when the model answers, runs out of turns, passes
-its timeout or a call fails; every call is a record, every task a line in ``tasks.jsonl``.
+Two protocols, one loop. ``tools`` is tool calling (``tools`` in the request, streamed
+``tool_calls``, ``role: tool`` results, written as chat has them; the request body speaks them
+as /responses and /messages do), for instruct servers. ``react`` is the text protocol
+(``Action: tool[input]`` / ``Observation:``, few-shot, a stop sequence), for base models on
+/completions (and as one user message on the other APIs). A task ends when the model answers,
+runs out of turns, passes its timeout or a call fails; every call is a record, every task a
+line in ``tasks.jsonl``.
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ class History(Protocol):
 
 
 class ToolCalling:
-    """OpenAI tool calling on /chat/completions."""
+    """Tool calling, in OpenAI chat's words (the request body puts it in the endpoint's)."""
 
     json_arguments = True
 
@@ -208,9 +210,10 @@ def _judge(history: History, task: AgentTask, record: RequestRecord) -> bool | N
 
 
 def protocol_for(protocol: str, endpoint: str) -> str:
-    """``auto`` is tool calling on the chat endpoint and ReAct on completions."""
+    """``auto`` is tool calling on every API that takes messages (chat, Responses, Messages:
+    the request body speaks each one's tool calls) and ReAct on completions."""
     if protocol == "auto":
-        return "tools" if endpoint == "chat" else "react"
+        return "react" if endpoint == "completions" else "tools"
     return protocol
 
 
@@ -235,7 +238,7 @@ class Agentic:
         self.tasks = tasks or builtin_tasks()
         self.toolbox = toolbox
         self.protocol = protocol_for(protocol, endpoint)
-        self.chat = endpoint == "chat"
+        self.chat = endpoint != "completions"  # every other API takes messages
         self.max_turns = max_turns
         self.task_timeout_s = task_timeout_s
         self.seed = seed
