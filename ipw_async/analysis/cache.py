@@ -45,10 +45,12 @@ FIGURES: dict[str, tuple[float, float, float, float]] = {
     "j_saved_per_cached_token": (0, 0, 1, 0),
     "j_per_output_token": (0, 0, 0, 1),
 }
-UNRESOLVED = (
-    "the prompts' lengths vary too little to tell a token's cost from the request's (its "
-    "interval holds zero): vary them, e.g. --dataset synthetic --length-sigma 0.8"
-)
+ALIKE = 0.05  # prompt lengths whose coefficient of variation is below this are "all alike"
+UNRESOLVED = {
+    True: "the prompts' lengths vary too little to tell a token's cost from the request's: vary "
+    "them, e.g. --dataset synthetic --length-sigma 0.8",
+    False: "this meter does not resolve one input token's cost (its interval holds zero)",
+}
 NO_CACHE_REPORT = (
     "the server reported no cached prompt tokens (usage.prompt_tokens_details.cached_tokens): "
     "the split by cache hit is missing"
@@ -134,7 +136,8 @@ def token_costs(requests: pl.DataFrame, meter: str = HEADLINE) -> dict[str, Any]
         out[name] = {"estimate": estimate, "low": min(ends), "high": max(ends)}
     if out["j_per_uncached_token"] is None or out["j_per_uncached_token"]["low"] <= 0:
         out["j_per_uncached_token"] = out["j_per_cached_token"] = None
-        out["reason"] = UNRESOLVED
+        lengths = prompt[use]
+        out["reason"] = UNRESOLVED[bool(np.std(lengths) < ALIKE * np.mean(lengths))]
     out["cached_over_uncached"] = _ratio_band(out["j_per_cached_token"], out["j_per_uncached_token"])
     return out
 

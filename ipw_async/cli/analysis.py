@@ -53,7 +53,7 @@ def analyze(
         ),
     ] = None,
 ) -> None:
-    """Analyse a run: accuracy per joule and per watt, regressions, latency and goodput, energy by phase.
+    """Analyse a run: accuracy per joule and per watt, regressions, latency and goodput, energy by phase, the prefix cache.
 
     Writes RUN_DIR/analysis/<name>.json. Works on partial runs too: a figure that needs a missing file is null, with the reason beside it.
     """
