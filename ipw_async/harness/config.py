@@ -40,9 +40,10 @@ class RunConfig(MeasureOptions, SendOptions):
         return self.base_url is None
 
     def load_spec(self) -> LoadSpec:
-        """The load; raises RunError for an impossible one."""
+        """The load (a --trace's own times, or 16 in flight unless told otherwise); raises
+        RunError for an impossible one."""
         concurrency = self.concurrency
-        if concurrency is None and self.rate is None:
+        if concurrency is None and self.rate is None and self.trace is None:
             concurrency = 16
         try:
             return LoadSpec(
@@ -55,16 +56,19 @@ class RunConfig(MeasureOptions, SendOptions):
                 ramp_duration=self.ramp_duration,
                 ramp_start=self.ramp_start,
                 ramp_steps=self.ramp_steps,
+                replay=self.trace is not None,
+                speedup=self.speedup,
             )
         except ValueError as exc:
             raise RunError(str(exc)) from None
 
     def sim_config(self) -> SimConfig:
         """The built-in simulator's config: the run's seed seeds it, from Python as from the CLI.
-        Multi-turn workloads get prefix caching, as the servers they model (vLLM, SGLang) have
-        on by default: a turn's history is then not prefilled again."""
+        Every workload but single-turn requests gets prefix caching, as the servers they model
+        (vLLM, SGLang) have on by default: a turn's history, a shared prefix, a trace's shared
+        blocks are then not prefilled again."""
         engine = self.sim.engine
-        if self.workload != "single" and not engine.prefix_cache:
+        if (self.workload != "single" or self.trace is not None) and not engine.prefix_cache:
             engine = dataclasses.replace(engine, prefix_cache=True)
         return dataclasses.replace(self.sim, seed=self.seed, engine=engine)
 
@@ -97,6 +101,21 @@ class RunConfig(MeasureOptions, SendOptions):
             (
                 self.workload == "agentic" or (self.tasks is None and not self.mcp),
                 "--tasks and --mcp are for agentic runs: add --workload agentic",
+            ),
+            (
+                self.trace is None or self.workload == "single",
+                f"--trace is the workload: leave out --workload {self.workload}",
+            ),
+            (
+                self.trace is not None or (self.speedup == 1.0 and self.trace_format == "auto"),
+                "--speedup and --trace-format are for a replay: add --trace FILE",
+            ),
+            (self.prefix_tokens >= 1, "--prefix-tokens must be at least 1"),
+            (0 <= self.prefix_share <= 1, "--prefix-share must be a fraction from 0 to 1, e.g. 0.8"),
+            (self.prefixes >= 1, "--prefixes must be at least 1"),
+            (
+                self.cache_salt is None or self.workload == "prefix" or self.trace is not None,
+                "--cache-salt salts the prompts of --workload prefix or a --trace; add one of them",
             ),
             (
                 self.attribution in RULES,

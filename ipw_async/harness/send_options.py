@@ -16,6 +16,7 @@ from ..validity.precision import PRECISION_METRICS, parse_targets
 from ..validity.saturation import OVERSATURATION_ACTIONS
 from ..workload.agentic import PROTOCOLS
 from ..workload.body import BodyDefaults
+from ..workload.replay import FORMATS
 from .kept import kept_as, mcp_kept, never_kept, url_kept
 from .panels import LOAD, TARGET, WORKLOAD
 from .workloads import WORKLOADS
@@ -84,8 +85,9 @@ class SendOptions:
         default="single",
         metadata=option(
             "single (one request per query), agentic (tool-using tasks over many turns; "
-            "--concurrency and --rate count tasks) or conversation (multi-turn chats replayed "
-            "from --dataset FILE.jsonl, or built from the QA set).",
+            "--concurrency and --rate count tasks), conversation (multi-turn chats replayed "
+            "from --dataset FILE.jsonl, or built from the QA set) or prefix (each question after "
+            "a long prefix, shared or its own: see --prefix-share).",
             panel=WORKLOAD,
             choices=tuple(WORKLOADS),
         ),
@@ -144,6 +146,55 @@ class SendOptions:
             "exp:MEAN or lognormal:MEDIAN,SIGMA.",
             panel=WORKLOAD,
         ),
+    )
+    prefix_tokens: int = field(
+        default=1024, metadata=option("prefix: tokens of each prompt's prefix.", panel=WORKLOAD)
+    )
+    prefix_share: float = field(
+        default=0.8,
+        metadata=option(
+            "prefix: the fraction of requests whose prefix is one of the --prefixes shared ones "
+            "(a cache hit once its first use is cached); the rest get a prefix of the same length "
+            "of their own (a guaranteed miss), so one run measures cached and uncached prompt "
+            "tokens. Record query ids say which: shared<k>:<id> or unique:<id>.",
+            panel=WORKLOAD,
+        ),
+    )
+    prefixes: int = field(default=4, metadata=option("prefix: how many shared prefixes.", panel=WORKLOAD))
+    cache_salt: str | None = field(
+        default=None,
+        metadata=option(
+            "Salt the text of this run's prefixes (--workload prefix) or trace prompts (--trace), "
+            "so nothing an earlier run left in the server's prefix cache is hit. The text only: "
+            "vLLM's cache_salt request field is sent only if you add it, --param cache_salt=TEXT.",
+            show_default=False,
+            panel=WORKLOAD,
+        ),
+    )
+    trace: Path | None = field(
+        default=None,
+        metadata=option(
+            "Replay this timestamped trace: each request at its time in the trace (over "
+            "--speedup), its prompt and max_tokens the trace's lengths, Mooncake hash ids as shared "
+            "prompt blocks. Replaces --concurrency and --rate; --max-queries N replays the first N "
+            "entries. Formats: see --trace-format and docs/workloads.md.",
+            show_default=False,
+            panel=WORKLOAD,
+        ),
+    )
+    trace_format: str = field(
+        default="auto",
+        metadata=option(
+            "The --trace's format: mooncake (JSONL), burstgpt (CSV), azure (CSV: Azure LLM "
+            "inference 2023/2024), sessions (JSONL, one conversation a line) or auto (by the "
+            "file's extension and first line).",
+            panel=WORKLOAD,
+            choices=FORMATS,
+        ),
+    )
+    speedup: float = field(
+        default=1.0,
+        metadata=option("Replay the --trace this many times faster (its think times too).", panel=LOAD),
     )
     prompt_column: str = field(
         default="prompt", metadata=option("Column holding the prompt in a dataset file.", panel=WORKLOAD)

@@ -1,5 +1,6 @@
 """The workloads a run can name: ``--workload NAME`` is one entry of :data:`WORKLOADS`, a builder
-from the run's options. Adding a workload adds an entry here and nothing else."""
+from the run's options. Adding a workload adds an entry here and nothing else. A ``--trace``
+replaces them all: its requests or sessions are the workload."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import RunError
-from ..workload import DatasetError, Workload, resolve
+from ..workload import Dataset, DatasetError, Workload, resolve
 from ..workload.agentic import Agentic
 from ..workload.conversations import ConversationReplay, builtin_conversations, load_conversations
 from ..workload.mcp_tools import McpTools
+from ..workload.prefix import PrefixWorkload
+from ..workload.replay import load_trace, trace_workload
 from ..workload.single_turn import SingleTurn
 from ..workload.taskfile import load_tasks
+from ..workload.text import PromptText
 from ..workload.tools import FunctionTools, Toolbox, ToolLatency
 
 
@@ -38,10 +42,22 @@ class WorkloadOptions(Protocol):
     tasks: Path | None
     mcp: list[str]
     tool_timeout: float
+    prefix_tokens: int
+    prefix_share: float
+    prefixes: int
+    cache_salt: str | None
+    trace: Path | None
+    trace_format: str
+    speedup: float
 
 
-def _single(config: WorkloadOptions) -> Workload:
-    dataset = resolve(
+def _text_seed(config: WorkloadOptions) -> int:
+    """What seeds the text a run makes up: fixed over a sweep's repeats, as its dataset is."""
+    return config.seed if config.dataset_seed is None else config.dataset_seed
+
+
+def _dataset(config: WorkloadOptions) -> Dataset:
+    return resolve(
         config.dataset,
         prompt_column=config.prompt_column,
         answer_column=config.answer_column,
@@ -49,9 +65,20 @@ def _single(config: WorkloadOptions) -> Workload:
         prompt_tokens=config.prompt_tokens,
         output_tokens=config.output_tokens,
         length_sigma=config.length_sigma,
-        seed=config.seed if config.dataset_seed is None else config.dataset_seed,
+        seed=_text_seed(config),
     )
-    return SingleTurn(dataset, chat=config.endpoint != "completions")
+
+
+def _single(config: WorkloadOptions) -> Workload:
+    return SingleTurn(_dataset(config), chat=config.endpoint != "completions")
+
+
+def _prefix(config: WorkloadOptions) -> Workload:
+    text = PromptText(_text_seed(config), config.cache_salt)
+    chat = config.endpoint != "completions"
+    return PrefixWorkload(
+        _dataset(config), chat, text, config.prefix_tokens, config.prefix_share, config.prefixes
+    )
 
 
 def _agentic(config: WorkloadOptions) -> Workload:
@@ -85,16 +112,21 @@ WORKLOADS: dict[str, Callable[[WorkloadOptions], Workload]] = {
     "single": _single,
     "agentic": _agentic,
     "conversation": _conversation,
+    "prefix": _prefix,
 }
 
 
 def workload_of(config: WorkloadOptions) -> Workload:
     """The workload a config describes: single-turn requests over its dataset, agentic tasks,
-    or replayed conversations."""
+    replayed conversations, prefixed questions, or its --trace replayed."""
     build = WORKLOADS.get(config.workload)
     if build is None:
         raise RunError(f"--workload must be one of {', '.join(WORKLOADS)}")
     try:
+        if config.trace is not None:
+            trace = load_trace(config.trace, config.trace_format)
+            chat = config.endpoint != "completions"
+            return trace_workload(trace, chat, _text_seed(config), config.speedup, config.cache_salt)
         return build(config)
     except DatasetError as exc:
         raise RunError(str(exc)) from None

@@ -27,6 +27,8 @@ class WorkUnit:
     unit_id: int
     query: Query
     warmup: bool = False
+    # a replayed trace's: when the unit is due, ns after the trace's first entry (load.Timed)
+    at_ns: int | None = None
 
 
 class UnitCycle:

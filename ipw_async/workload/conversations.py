@@ -4,7 +4,8 @@ A JSONL file, one conversation per line, either
 ``{"id": "c1", "turns": ["first question", {"content": "follow-up", "think_s": 2.0}]}``
 or ``{"id": "c1", "messages": [{"role": "user", ...}, {"role": "assistant", ...}, ...]}``
 (assistant messages are dropped and generated anew; a leading system message is kept).
-``think_s`` (per turn, or for the whole conversation) is the user's pause before a turn.
+``think_s`` (per turn, or for the whole conversation) is the user's pause before a turn, from
+the end of the answer before it: a turn is due then, and its record's ``scheduled_ns`` says so.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
-
-from .._clock import now_ns
+from .._clock import NS, now_ns
+from ..load import sleep_until
 from ..records import Status
 from . import Requests, UnitCycle, WorkUnit
 from .datasets import DatasetError, Query, qa_pairs
@@ -29,6 +29,7 @@ from .tasklog import Outcome, TaskLog
 class UserTurn:
     content: str
     think_s: float = 0.0
+    max_tokens: int | None = None  # the answer's length, where it is given (a replayed trace)
 
 
 @dataclass(frozen=True)
@@ -123,36 +124,53 @@ class ConversationReplay:
     def units(self, count: int | None, warmup: bool) -> Iterator[WorkUnit]:
         return self._cycle.units(count, warmup)
 
-    def _fields(self, messages: list[dict[str, str]]) -> dict[str, Any]:
-        if self.chat:
-            return {"messages": messages}
-        transcript = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages)
-        return {"prompt": transcript + "Assistant:", "stop": ["\nUser:"]}
-
     async def perform(self, unit: WorkUnit, requests: Requests, scheduled_ns: int) -> None:
-        conversation = self._by_id[unit.query.id]
-        t0 = requests.t0_ns
-        log = TaskLog(
-            unit.unit_id,
-            conversation.id,
-            self.name,
-            unit.warmup,
-            conversation.turns[0].content,
-            None,
-            scheduled_ns - t0,
-        )
-        messages = [{"role": "system", "content": conversation.system}] if conversation.system else []
-        with requests.task(log):
-            for i, turn in enumerate(conversation.turns):
-                think = turn.think_s if i > 0 else 0.0
-                if think:
-                    await anyio.sleep(think)
-                messages.append({"role": "user", "content": turn.content})
-                record = requests.new_record(unit, scheduled_ns if i == 0 else now_ns(), turn.content, i)
-                log.turn(record, think_s=think if i > 0 else None)
-                await requests.request(record, requests.payload(self._fields(messages)), lambda _: None)
-                if record.status is not Status.OK:
-                    log.end(Outcome.ERROR, t0)
-                    return
-                messages.append({"role": "assistant", "content": record.answer})
-            log.end(Outcome.COMPLETED, t0, messages[-1]["content"])
+        await replay(self._by_id[unit.query.id], unit, requests, scheduled_ns, self.name, self.chat)
+
+
+def _fields(messages: list[dict[str, str]], chat: bool) -> dict[str, Any]:
+    if chat:
+        return {"messages": messages}
+    transcript = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages)
+    return {"prompt": transcript + "Assistant:", "stop": ["\nUser:"]}
+
+
+async def replay(
+    conversation: Conversation,
+    unit: WorkUnit,
+    requests: Requests,
+    scheduled_ns: int,
+    name: str,
+    chat: bool,
+    speedup: float = 1.0,
+) -> None:
+    """One conversation as a task: its user turns in order, each with the history before it,
+    each due its think time (over ``speedup``) after the previous answer ended."""
+    t0 = requests.t0_ns
+    log = TaskLog(
+        unit.unit_id,
+        unit.query.id,
+        name,
+        unit.warmup,
+        conversation.turns[0].content,
+        None,
+        scheduled_ns - t0,
+    )
+    messages = [{"role": "system", "content": conversation.system}] if conversation.system else []
+    due = scheduled_ns
+    with requests.task(log):
+        for i, turn in enumerate(conversation.turns):
+            think = turn.think_s / speedup if i > 0 else None
+            if think is not None:
+                due = now_ns() + round(think * NS)
+                await sleep_until(due)  # then the record's scheduled_ns is when the turn was due
+            messages.append({"role": "user", "content": turn.content})
+            record = requests.new_record(unit, due, turn.content, i)
+            log.turn(record, think_s=think)
+            body = requests.payload(_fields(messages, chat), turn.max_tokens)
+            await requests.request(record, body, lambda _: None)
+            if record.status is not Status.OK:
+                log.end(Outcome.ERROR, t0)
+                return
+            messages.append({"role": "assistant", "content": record.answer})
+        log.end(Outcome.COMPLETED, t0, messages[-1]["content"])

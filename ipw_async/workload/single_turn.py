@@ -9,6 +9,16 @@ from .body import prompt_fields
 from .datasets import Dataset
 
 
+async def send_query(
+    unit: WorkUnit, requests: Requests, scheduled_ns: int, chat: bool, stop: tuple[str, ...] = ()
+) -> None:
+    """The unit's query as one request: its prompt, its own max_tokens and extra body fields."""
+    query = unit.query
+    record = requests.new_record(unit, scheduled_ns, query.prompt)
+    fields = prompt_fields(query.prompt, chat, stop) | query.extra_body
+    await requests.request(record, requests.payload(fields, query.max_tokens))
+
+
 class SingleTurn:
     """One request per query, cycling through the dataset as often as the run needs."""
 
@@ -26,7 +36,4 @@ class SingleTurn:
         return self._cycle.units(count, warmup)
 
     async def perform(self, unit: WorkUnit, requests: Requests, scheduled_ns: int) -> None:
-        record = requests.new_record(unit, scheduled_ns, unit.query.prompt)
-        query = unit.query
-        fields = prompt_fields(query.prompt, self.chat, self.dataset.stop) | query.extra_body
-        await requests.request(record, requests.payload(fields, query.max_tokens))
+        await send_query(unit, requests, scheduled_ns, self.chat, self.dataset.stop)

@@ -89,7 +89,7 @@ def builtin_qa() -> Dataset:
 
 # -- synthetic ------------------------------------------------------------------------------
 
-_WORDS = [
+WORDS = [  # the vocabulary of synthetic prompts
     "the",
     "of",
     "and",
@@ -169,7 +169,7 @@ def synthetic(
     rng = np.random.default_rng(seed)
     p_lens = np.maximum(1, np.round(rng.lognormal(np.log(prompt_tokens), sigma, n))).astype(int)
     o_lens = np.maximum(1, np.round(rng.lognormal(np.log(output_tokens), sigma, n))).astype(int)
-    words = np.array(_WORDS)
+    words = np.array(WORDS)
     queries = []
     for i in range(n):
         # ~4 characters per token: the usual heuristic, and the simulator's tokenizer
