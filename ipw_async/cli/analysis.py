@@ -228,6 +228,15 @@ def sweep(
     mlflow_experiment: Annotated[
         str, typer.Option(help="MLflow experiment to log to (made if missing).")
     ] = "ipw-async",
+    reset_prefix_cache: Annotated[
+        bool,
+        typer.Option(
+            "--reset-prefix-cache/--keep-prefix-cache",
+            help="Before each run against --base-url, empty the server's prefix cache (POST "
+            "<server root>/reset_prefix_cache, vLLM's endpoint) so no point hits what an earlier one "
+            "cached; a server without the endpoint is noted once, and the sweep goes on.",
+        ),
+    ] = True,
 ) -> None:
     """Run the benchmark at several concurrency levels (or rates), repeated, with statistics and plots.
 
@@ -262,6 +271,8 @@ def sweep(
             constraints,
             display=None,
             progress=None if quiet else _progress_line,
+            reset_prefix_cache=reset_prefix_cache,
+            note=lambda line: err.print(f"[yellow]note:[/] {escape(line)}"),
         )
     except ValueError as exc:
         raise fail(str(exc)) from None

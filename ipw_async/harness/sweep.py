@@ -4,6 +4,12 @@ Each level (a concurrency or an arrival rate) runs ``repeats`` times with seed =
 each into its own run directory ``<out_dir>/<level>_r<r>``; the sweep's own files go to
 ``<out_dir>/sweep/``. A run that fails is recorded as failed and the sweep goes on; Ctrl-C
 (or SIGTERM, SIGHUP) stops it and the files are still written from the runs that finished.
+
+Before each run against a server (``--base-url``) the sweep empties the server's prefix cache
+where it can, so no point hits what an earlier point cached: ``POST {server root}/reset_prefix_cache``
+(vLLM's endpoint, served when vLLM runs with ``VLLM_SERVER_DEV_MODE=1``; the built-in simulator's
+too). A server that answers 404, 405 or 501 cannot: the sweep says so once and goes on. The sweep's
+``summary.json`` says what happened in ``prefix_cache_reset``.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import dataclasses
 import datetime as dt
 import itertools
 import signal
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +31,7 @@ from ..analysis.headline import FIGURES, headline_figures
 from ..analysis.sweep import Level, SweepResult, levels_of, write_sweep
 from ..errors import RunError, stop_signal
 from ..results import finished
+from ..rundir import files
 from ..rundir.lifecycle import slug
 from ..rundir.manifest import Manifest, RunDirError
 from .config import RunConfig
@@ -47,6 +56,78 @@ def level_config(base: RunConfig, level: Level, repeat: int, out_dir: Path) -> R
         dataset_seed=base.seed if base.dataset_seed is None else base.dataset_seed,
         output_dir=out_dir / f"{level.label}_r{repeat}",
     )
+
+
+RESET_PATH = "/reset_prefix_cache"
+RESET_TIMEOUT_S = 10.0
+# what a sweep's summary says of its prefix-cache resets
+RESET_DONE, RESET_UNSUPPORTED, RESET_KEPT = "done", "not supported", "kept"
+RESET_NEW_SERVER = "not needed: each run starts its own simulator"
+RESET_NOT_TRIED = "not tried: the sweep stopped before its first run"
+
+
+def server_root(base_url: str) -> str:
+    """The server's root: its API base without ``/v1``."""
+    url = base_url.rstrip("/")
+    return url.removesuffix("/v1")
+
+
+def request_cache_reset(base_url: str, api_key: str | None) -> str:
+    """Ask the server to empty its prefix cache: ``done``, or ``not supported`` (no such route,
+    method or feature: 404, 405, 501); OSError for any other failure (no answer, another status)."""
+    request = urllib.request.Request(server_root(base_url) + RESET_PATH, data=b"", method="POST")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # as the run's client: no proxy
+    try:
+        with direct.open(request, timeout=RESET_TIMEOUT_S):
+            return RESET_DONE
+    except urllib.error.HTTPError as exc:
+        if exc.code in (404, 405, 501):
+            return RESET_UNSUPPORTED
+        raise OSError(f"HTTP {exc.code}") from None
+
+
+class PrefixResets:
+    """The sweep's prefix-cache resets: one before each run, until the server says it cannot;
+    each kind of outcome told once through ``note``."""
+
+    def __init__(self, base: RunConfig, wanted: bool, note: Callable[[str], None]) -> None:
+        self.base_url = base.base_url
+        self.api_key = base.api_key
+        self.note = note
+        if not wanted:
+            self.state = RESET_KEPT
+        elif base.base_url is None:
+            self.state = RESET_NEW_SERVER
+        else:
+            self.state = None  # not tried yet
+        self._failed: str | None = None
+
+    def before_run(self) -> None:
+        if self.state not in (None, RESET_DONE) or self.base_url is None:  # kept, unsupported, no server
+            return
+        url = server_root(self.base_url) + RESET_PATH
+        try:
+            outcome = request_cache_reset(self.base_url, self.api_key)
+        except OSError as exc:
+            if self._failed is None:
+                self.note(f"could not reset the server's prefix cache (POST {url}: {exc}); the sweep goes on")
+            self._failed = str(exc)
+            return
+        if outcome == RESET_UNSUPPORTED:
+            self.note(
+                f"the server cannot reset its prefix cache (POST {url} is not served): a sweep point may "
+                "hit what an earlier one cached"
+            )
+        self.state = outcome
+
+    @property
+    def summary(self) -> str:
+        """What the sweep's summary says: done, not supported, kept, not needed, or failed."""
+        if self._failed is not None and self.state != RESET_UNSUPPORTED:
+            return f"failed: {self._failed}"
+        return self.state or RESET_NOT_TRIED
 
 
 STOPPED_BY = "stopped by "  # then the signal's name: an interrupted run's error in raw_runs.csv
@@ -106,11 +187,15 @@ def run_sweep(
     constraints: dict[str, float | None],
     display: Display | None = None,
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
+    reset_prefix_cache: bool = True,
+    note: Callable[[str], None] = lambda _: None,
 ) -> SweepResult:
     """Run every level ``repeats`` times and write ``<out_dir>/sweep/``; blocking.
 
     ``display`` shows each run's progress (None: nothing); ``progress(row, done, total)`` is
-    called after each run. Raises ValueError for bad arguments before running anything.
+    called after each run; ``note`` hears what the sweep has to say once (a server that cannot
+    reset its prefix cache). ``reset_prefix_cache``: empty the server's prefix cache before
+    each run. Raises ValueError for bad arguments before running anything.
     """
     mode, levels = levels_of(concurrency, rates)
     if repeats < 1:
@@ -120,6 +205,7 @@ def run_sweep(
     rows: list[dict[str, Any]] = []
     total = len(levels) * repeats
     interrupted = False
+    resets = PrefixResets(base, reset_prefix_cache, note)
     with BetweenRuns() as stops:
         for level, repeat in itertools.product(levels, range(repeats)):
             config = level_config(base, level, repeat, out_dir)
@@ -129,6 +215,7 @@ def run_sweep(
             previous = _run_id(config.output_dir)
             try:
                 stops.check()  # a signal between two runs stops the sweep before the next
+                resets.before_run()
                 run_loop(run_benchmark(config, display))
                 row["status"] = "ok"
             except RunError as exc:
@@ -144,4 +231,7 @@ def run_sweep(
             if interrupted:
                 break
     simulated = base.base_url is None or any(row["simulated"] for row in rows)
-    return write_sweep(out_dir, mode, levels, rows, limits, base.public(), simulated, repeats, interrupted)
+    result = write_sweep(out_dir, mode, levels, rows, limits, base.public(), simulated, repeats, interrupted)
+    result.summary["prefix_cache_reset"] = resets.summary
+    files.write_json(result.sweep_dir / "summary.json", result.summary)
+    return result
