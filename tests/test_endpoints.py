@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,10 @@ from ipw_async.client import (
     ResponsesParser,
     StreamingClient,
     StreamParser,
+    list_models,
 )
 from ipw_async.harness import RunConfig
+from ipw_async.proxy.call import read_call
 from ipw_async.records import ErrorType, RequestRecord, Status
 from ipw_async.sim import SimConfig
 from ipw_async.sim.server import SimServer
@@ -235,6 +239,45 @@ def test_a_messages_error_event_fails_the_record_and_a_stream_without_message_st
     assert cut.error_type is ErrorType.DISCONNECT and cut.first_token_ns == 1 * MS
 
 
+def test_a_message_delta_that_leaves_counts_out_keeps_message_starts() -> None:
+    # a server that sends the cumulative input count at the end, but not the cache counts
+    final = b'"usage": {"output_tokens": 89}'
+    assert final in MESSAGES_STREAM
+    data = MESSAGES_STREAM.replace(
+        final, b'"usage": {"input_tokens": 25, "cache_read_input_tokens": null, "output_tokens": 90}'
+    )
+    record = _read(MessagesParser, [(1 * MS, data)])
+    assert (record.prompt_tokens, record.cached_prompt_tokens) == (25 + 100 + 2000, 2000)
+    assert record.output_tokens == 90
+
+
+@pytest.mark.parametrize(
+    ("parser", "data", "said"),
+    [
+        (ResponsesParser, b'data: {"type": "response.output_text.delta", "output_index": "first"}\n\n',
+         "event does not have the OpenAI Responses shape"),
+        (MessagesParser, b'data: {"type": "content_block_delta", "delta": {"text": 7}}\n\n',
+         "event does not have the Anthropic Messages shape"),
+        (MessagesParser, b'event: message_start\ndata: {"type": "message_st\n\n', "event is not JSON"),
+    ],
+)  # fmt: skip
+def test_an_event_of_the_wrong_shape_fails_the_record_naming_its_api(
+    parser: type[StreamParser], data: bytes, said: str
+) -> None:
+    record = _read(parser, [(1 * MS, data)])
+    assert record.error_type is ErrorType.MALFORMED and record.error_message.startswith(said)
+
+
+def test_a_responses_event_it_does_not_read_never_fails_the_record() -> None:
+    # an event kind this parser skips, whose delta is an object rather than text
+    kind = "response.mcp_call_arguments.delta"
+    other = _event(kind, {"type": kind, "output_index": 1, "delta": {"key": "iron"}})
+    end = RESPONSES_STREAM.index(b"event: response.completed")
+    record = _read(ResponsesParser, [(1 * MS, RESPONSES_STREAM[:end] + other + RESPONSES_STREAM[end:])])
+    assert record.status is Status.OK, record.error_message
+    assert record.answer == "Let me check Paris." and record.output_tokens == 11
+
+
 async def test_a_messages_call_sends_anthropics_headers_and_keeps_an_http_400s_message() -> None:
     refusal = (
         b'{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"}}'
@@ -264,7 +307,8 @@ def test_each_api_gets_its_own_body_and_params_go_over_everything() -> None:
         return json.loads(defaults.encode(fields))
 
     assert body("responses") == {
-        "model": "m", "stream": True, "max_output_tokens": 64, "temperature": 0.7, "input": fields["messages"],
+        "model": "m", "stream": True, "max_output_tokens": 64, "temperature": 0.7, "instructions": "Be brief.",
+        "input": [{"role": "user", "content": "Hi"}],
     }  # fmt: skip
     assert body("messages") == {
         "model": "m", "stream": True, "max_tokens": 64, "temperature": 0.7, "system": "Be brief.",
@@ -295,13 +339,14 @@ def test_a_tool_calling_turn_is_written_in_each_apis_words() -> None:
     def body(endpoint: str) -> dict[str, Any]:
         return json.loads(BodyDefaults("m", 64, None, endpoint=endpoint).encode(fields))
 
+    assert body("responses")["instructions"] == "Use the tools."
     assert body("responses")["input"] == [
-        {"role": "system", "content": "Use the tools."},
         {"role": "user", "content": "Atomic number of iron?"},
         {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": '{"key": "iron"}'},
         {"type": "function_call_output", "call_id": "call_1", "output": "26"},
     ]
-    assert body("responses")["tools"] == [{"type": "function"} | lookup]
+    # strict: Responses' default is to enforce the schema, chat's is not to
+    assert body("responses")["tools"] == [{"type": "function", "strict": False} | lookup]
     messages = body("messages")
     assert messages["system"] == "Use the tools." and messages["messages"] == [
         {"role": "user", "content": "Atomic number of iron?"},
@@ -313,37 +358,80 @@ def test_a_tool_calling_turn_is_written_in_each_apis_words() -> None:
     ]
 
 
+def test_an_empty_answer_in_a_history_is_left_out_of_a_messages_body() -> None:
+    history = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": ""},  # a reply cut while it reasoned
+        {"role": "user", "content": "Still there?"},
+    ]
+    body = json.loads(BodyDefaults("m", 8, endpoint="messages").encode({"messages": history}))
+    assert body["messages"] == [history[0], history[2]]
+
+
 # -- the simulator and real runs ------------------------------------------------------------------
-async def test_the_simulator_reports_cached_tokens_each_apis_way_and_resets_its_cache() -> None:
-    server = SimServer(SimConfig(engine=fast_engine(prefix_cache=True), output_median=8))
-    runner = web.AppRunner(server.app)
+@asynccontextmanager
+async def _serving(app: web.Application) -> AsyncIterator[str]:
+    """``app`` served on a loopback port while the block runs: its root URL."""
+    runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    root = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    system = "You answer questions about geography, briefly and exactly. " * 8
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Capital of Peru?"}]
     try:
-        async with httpx.AsyncClient(timeout=10) as http:
-
-            async def usage(endpoint: str) -> dict[str, Any]:
-                body = json.loads(
-                    BodyDefaults("sim-small", 8, endpoint=endpoint).encode({"messages": messages})
-                )
-                reply = await http.post(f"{root}/v1/{endpoint}", json=body | {"stream": False})
-                assert reply.status_code == 200, reply.text
-                return reply.json()["usage"]
-
-            first, again = await usage("messages"), await usage("messages")
-            assert first["cache_read_input_tokens"] == 0
-            assert again["cache_read_input_tokens"] > 0
-            assert again["input_tokens"] + again["cache_read_input_tokens"] == first["input_tokens"]
-            assert (await usage("responses"))["input_tokens_details"]["cached_tokens"] > 0
-            reset = await http.post(f"{root}/reset_prefix_cache")
-            assert reset.status_code == 200 and reset.json()["reset"] is True
-            assert (await usage("responses"))["input_tokens_details"]["cached_tokens"] == 0
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "sent"),
+    [
+        ("messages", {"x-api-key": "sk-ant-1", "anthropic-version": "2023-06-01", "authorization": None}),
+        ("chat", {"x-api-key": None, "anthropic-version": None, "authorization": "Bearer sk-ant-1"}),
+    ],
+)
+async def test_list_models_asks_with_the_key_as_the_endpoints_api_sends_it(
+    endpoint: str, sent: dict[str, str | None]
+) -> None:
+    seen: list[dict[str, str | None]] = []
+
+    async def models(request: web.Request) -> web.Response:
+        seen.append({name: request.headers.get(name) for name in sent})
+        return web.json_response({"data": [{"id": "claude-x", "type": "model"}], "has_more": False})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    async with _serving(app) as root:
+        assert await list_models(f"{root}/v1", "sk-ant-1", endpoint=endpoint) == ["claude-x"]
+    assert seen == [sent]
+
+
+async def test_the_simulator_reports_cached_tokens_each_apis_way_and_resets_its_cache() -> None:
+    server = SimServer(SimConfig(engine=fast_engine(prefix_cache=True), output_median=8))
+    system = "You answer questions about geography, briefly and exactly. " * 8
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Capital of Peru?"}]
+    async with _serving(server.app) as root, httpx.AsyncClient(timeout=10) as http:
+
+        async def usage(endpoint: str) -> dict[str, Any]:
+            body = json.loads(
+                BodyDefaults("sim-small", 8, endpoint=endpoint).encode({"messages": messages})
+            )
+            reply = await http.post(f"{root}/v1/{endpoint}", json=body | {"stream": False})
+            assert reply.status_code == 200, reply.text
+            return reply.json()["usage"]
+
+        first, again = await usage("messages"), await usage("messages")
+        assert first["cache_read_input_tokens"] == 0
+        assert again["cache_read_input_tokens"] > 0
+        assert again["input_tokens"] + again["cache_read_input_tokens"] == first["input_tokens"]
+        assert (await usage("responses"))["input_tokens_details"]["cached_tokens"] > 0
+        reset = await http.post(f"{root}/reset_prefix_cache")
+        assert reset.status_code == 200 and reset.json()["reset"] is True
+        assert (await usage("responses"))["input_tokens_details"]["cached_tokens"] == 0
+        # Anthropic's API has no default max_tokens, and neither has the simulator's
+        unbounded = await http.post(f"{root}/v1/messages", json={"model": "sim-small", "messages": messages})
+        assert unbounded.status_code == 400
+        refusal = {"type": "invalid_request_error", "message": "max_tokens: Field required"}
+        assert unbounded.json()["error"] == refusal
 
 
 @pytest.mark.parametrize(("endpoint", "finished"), [("responses", "completed"), ("messages", "end_turn")])
@@ -365,6 +453,20 @@ async def test_a_run_over_each_api_records_ttft_tokens_and_cached_tokens(
     assert cached[0] == 0 and all(0 < c < p for c, p in zip(cached[4:], prompts[4:], strict=True))
     assert frame["correct"].mean() > 0.5  # the answer text was read whole, and scored
     assert abs(result.summary["energy"]["meters"]["sim"]["conservation_error"]) < 1e-9
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "26"}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "26"}]}]},
+        {"type": "function_call_output", "call_id": "call_1", "output": "26"},
+    ],
+)  # fmt: skip
+def test_the_proxy_records_a_tool_results_text_as_the_calls_prompt(last: dict[str, Any]) -> None:
+    field = "input" if "call_id" in last else "messages"
+    assert read_call(json.dumps({field: [last]}).encode(), ask_usage=False).prompt() == "26"
 
 
 # -- Anthropic's own client through the recording proxy --------------------------------------------

@@ -169,19 +169,22 @@ async def test_an_anthropic_caller_sends_the_token_as_its_key_and_the_operators_
     message = {"model": "scripted", "max_tokens": 8, "messages": [{"role": "user", "content": "Q"}]}
 
     async def agent(url: str) -> list[int]:
+        anthropics = {"x-api-key": TOKEN, "anthropic-version": "2023-06-01"}
         async with httpx.AsyncClient(timeout=10) as http:
             answers = [
                 await http.post(f"{url}/messages", json=message, headers={"x-api-key": "wrong"}),
                 await http.post(f"{url}/messages", json=message, headers={"x-api-key": TOKEN}),
+                # no path says /models is Anthropic's: the client's own headers do
+                await http.get(f"{url}/models", headers=anthropics),
             ]
         return [a.status_code for a in answers]
 
     config = _config(tmp_path, base, api_key=api_key)
     _, statuses = await _proxied(config, upstream, agent, host="0.0.0.0", token=TOKEN)
-    assert statuses == [401, 200]
+    assert statuses == [401, 200, 200]
     # the token stays here; the operator's key goes where Anthropic reads it, with its API version
-    assert upstream.seen == [("POST", "/v1/messages", None)]
-    assert upstream.anthropic == [(api_key, "2023-06-01")]
+    assert upstream.seen == [("POST", "/v1/messages", None), ("GET", "/v1/models", None)]
+    assert upstream.anthropic == [(api_key, "2023-06-01")] * 2
     for path in (tmp_path / "run").rglob("*"):
         if path.is_file():
             assert TOKEN.encode() not in path.read_bytes() and KEY.encode() not in path.read_bytes(), path

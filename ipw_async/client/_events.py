@@ -123,7 +123,9 @@ class _Response(msgspec.Struct, gc=False):
 
 class _ResponsesEvent(msgspec.Struct, gc=False):
     type: str = ""
-    delta: str | None = None
+    # Any, not str: an event this parser does not read may carry an object here, and must not
+    # fail a request whose reply is fine; the deltas it reads are strings
+    delta: Any = None
     output_index: int | None = None
     item: _Item | None = None
     response: _Response | None = None
@@ -396,16 +398,18 @@ class ResponsesParser(StreamParser):
         event = self._decoded(_decode_responses, data)
         if event is None:
             return
-        kind = event.type
+        kind, delta = event.type, event.delta
+        if not isinstance(delta, str):
+            delta = None
         if kind == "response.output_text.delta":
-            if event.delta:
-                self._token(t, event.ipw_tokens, event.ipw_sent_ns, text=event.delta)
+            if delta:
+                self._token(t, event.ipw_tokens, event.ipw_sent_ns, text=delta)
         elif kind in _REASONING_DELTAS:
-            if event.delta:
-                self._token(t, event.ipw_tokens, event.ipw_sent_ns, thought=event.delta)
+            if delta:
+                self._token(t, event.ipw_tokens, event.ipw_sent_ns, thought=delta)
         elif kind == "response.function_call_arguments.delta":
-            if event.delta:
-                self._tool_call(event.output_index, arguments=event.delta)
+            if delta:
+                self._tool_call(event.output_index, arguments=delta)
                 self._token(t, event.ipw_tokens, event.ipw_sent_ns)
         elif kind == "response.output_item.added":
             item = event.item
@@ -445,7 +449,8 @@ class ResponsesParser(StreamParser):
                 self._tool_call(index, item.call_id, item.name, item.arguments)
             # a reasoning item's text where the server gives it (open models), else its summary
             thinking = item.type == "reasoning"
-            for part in (item.content or item.summary if thinking else item.content) or ():
+            parts = (item.content or item.summary) if thinking else item.content
+            for part in parts or ():
                 if part.text:
                     (self._reasoning if thinking else self._content).append(part.text)
         self.record.answer = "".join(self._content)
@@ -464,7 +469,11 @@ class MessagesParser(StreamParser):
     and ``cached_prompt_tokens`` (the part not prefilled) is the cache read."""
 
     api = "Anthropic Messages"
-    __slots__ = ()
+    __slots__ = ("_counts",)
+
+    def __init__(self, record: RequestRecord, t0_ns: int = 0) -> None:
+        super().__init__(record, t0_ns)
+        self._counts: dict[str, int] = {}  # the latest of each usage count
 
     def _event(self, t: int, data: bytes) -> None:
         event = self._decoded(_decode_messages, data)
@@ -501,16 +510,23 @@ class MessagesParser(StreamParser):
             fail(self.record, ErrorType.STREAM, error_message(data))
 
     def _usage(self, usage: _MessagesUsage | None) -> None:
-        """Token counts, whole prompt and cache read as the class says; a later event's counts
-        replace an earlier's (``message_delta``'s are cumulative)."""
+        """Token counts, whole prompt and cache read as the class says. Each count is the
+        latest one given: ``message_delta``'s are cumulative, and any it leaves out (null or
+        absent: the API documents every one but ``output_tokens`` as optional there) keep
+        ``message_start``'s."""
         if usage is None:
             return
+        counts = self._counts
+        for name in _MessagesUsage.__struct_fields__:
+            value = getattr(usage, name)
+            if value is not None:
+                counts[name] = value
         record = self.record
-        if usage.output_tokens is not None:
-            record.usage_output_tokens = usage.output_tokens
-        if usage.input_tokens is not None:
-            read = usage.cache_read_input_tokens
-            record.prompt_tokens = usage.input_tokens + (read or 0) + (usage.cache_creation_input_tokens or 0)
+        record.usage_output_tokens = counts.get("output_tokens")
+        if "input_tokens" in counts:
+            read = counts.get("cache_read_input_tokens")
+            written = counts.get("cache_creation_input_tokens", 0)
+            record.prompt_tokens = counts["input_tokens"] + (read or 0) + written
             record.cached_prompt_tokens = read
 
     def whole(self, body: bytes) -> None:

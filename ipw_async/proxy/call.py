@@ -59,9 +59,21 @@ class Call:
                 return ""
             content = last.output if last.content is None else last.content
             if isinstance(content, list):  # content parts (or blocks): their text
-                return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+                return "\n".join(_text(p) for p in content if isinstance(p, dict))
             return "" if content is None else str(content)
         return body.prompt if isinstance(body.prompt, str) else ""
+
+
+def _text(part: dict[str, object]) -> str:
+    """A content part's text; an Anthropic ``tool_result`` block holds its result as its own
+    ``content``, a string or text blocks (read one level deep: a caller's nesting is not ours
+    to follow)."""
+    if "text" in part:
+        return str(part["text"])
+    inner = part.get("content")
+    if isinstance(inner, list):
+        return "\n".join(str(p.get("text", "")) for p in inner if isinstance(p, dict))
+    return "" if inner is None else str(inner)
 
 
 def read_call(body: bytes, ask_usage: bool) -> Call:

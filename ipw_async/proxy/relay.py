@@ -186,13 +186,18 @@ class Relay:
         return data
 
     async def passthrough(
-        self, method: bytes, path: str, headers: list[tuple[bytes, bytes]], body: bytes
+        self,
+        method: bytes,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        endpoint: str = "chat",
     ) -> tuple[int, list[tuple[str, str]], bytes] | None:
-        """A request that is not measured (``/models``): its status, headers and body, or None
-        when the upstream cannot be reached."""
+        """A request that is not measured (``/models``), sent with ``endpoint``'s API headers:
+        its status, headers and body, or None when the upstream cannot be reached."""
         route = self.pool.route(self._url(path))
         try:
-            exchange = await self.pool.request(route, method, self._headers(headers, 0), body)
+            exchange = await self.pool.request(route, method, self._headers(headers, 0, endpoint), body)
             data = await exchange.read()
         except Exception:  # the caller hears 502; nothing of the run depends on it
             return None

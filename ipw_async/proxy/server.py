@@ -48,6 +48,7 @@ SERVED = (
     "and POST /ipw/tasks/NAME/end"
 )
 _PATH_SAFE = ":@!$&'()*+,;="  # a path segment's characters (RFC 3986), as sent
+_ANTHROPIC = frozenset({b"anthropic-version", b"x-api-key"})  # what only Anthropic's clients send
 
 
 @dataclass
@@ -334,7 +335,10 @@ class RecordingProxy:
                 return await self._unserved(request)
             path += "/" + "/".join(quote(s, safe=_PATH_SAFE) for s in segments)
         headers = list(request.raw_headers)
-        answered = await self.relay.passthrough(b"GET", _with_query(path, request), headers, b"")
+        # no path tells the API here: an Anthropic client says it is one by its headers, and the
+        # operator's key must go as that API reads it
+        endpoint = "messages" if any(k.lower() in _ANTHROPIC for k, _ in headers) else "chat"
+        answered = await self.relay.passthrough(b"GET", _with_query(path, request), headers, b"", endpoint)
         if answered is None:
             return _error(502, f"the upstream server at {redact_url(self.relay.base)} cannot be reached")
         status, kept, data = answered

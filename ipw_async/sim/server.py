@@ -257,6 +257,9 @@ class SimServer:
         if body.get("model") != self.config.model:
             msg = f"The model `{body.get('model')}` does not exist."
             return web.json_response(error_body(msg, "NotFoundError", 404, api), status=404)
+        if api == "messages" and body.get("max_tokens") is None:  # Anthropic's API has no default
+            refused = error_body("max_tokens: Field required", "invalid_request_error", 400, api)
+            return web.json_response(refused, status=400)
         as_chat = _APIS[api][1]
         if as_chat is not None:
             body = as_chat(body)

@@ -40,13 +40,23 @@ class BodyDefaults:
         return json.dumps(body).encode()
 
 
+def _system(fields: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The system messages' text, joined, and the conversation without them: both APIs take the
+    system prompt as a field of its own (Responses' ``instructions``, Messages' ``system``)."""
+    messages = fields.get("messages", [])
+    system = [str(m.get("content")) for m in messages if m.get("role") == "system"]
+    return "\n\n".join(system), [m for m in messages if m.get("role") != "system"]
+
+
 def _responses(fields: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI Responses: the conversation is its ``input`` (chat's messages as they are, but an
-    assistant's tool calls as ``function_call`` items and their results as
+    """OpenAI Responses: the system prompt is its ``instructions`` (the API's own field for it,
+    as Messages' is ``system``), the conversation its ``input`` (chat's messages as they are,
+    but an assistant's tool calls as ``function_call`` items and their results as
     ``function_call_output`` items), its tools are flat function specs, and it has no stop
     sequences (a reply runs to its end or ``max_output_tokens``)."""
+    system, conversation = _system(fields)
     items: list[dict[str, Any]] = []
-    for message in fields.get("messages", []):
+    for message in conversation:
         if message.get("role") == "tool":
             result = {"call_id": message.get("tool_call_id"), "output": message.get("content") or ""}
             items.append({"type": "function_call_output"} | result)
@@ -59,23 +69,30 @@ def _responses(fields: dict[str, Any]) -> dict[str, Any]:
             named = {"call_id": call["id"], "name": function["name"], "arguments": function["arguments"]}
             items.append({"type": "function_call"} | named)
     body: dict[str, Any] = {"input": items}
+    if system:
+        body["instructions"] = system
     if fields.get("tools"):
-        body["tools"] = [{"type": "function"} | tool["function"] for tool in fields["tools"]]
+        body["tools"] = [_responses_tool(tool["function"]) for tool in fields["tools"]]
     return body | _rest(fields)
+
+
+def _responses_tool(function: dict[str, Any]) -> dict[str, Any]:
+    """A chat function spec as a Responses function tool. Responses enforces a strict schema
+    unless told not to, and refuses one that is not written for it (every property required,
+    ``additionalProperties: false``), so a spec that does not ask keeps chat's default."""
+    return {"type": "function", "strict": False} | function
 
 
 def _messages(fields: dict[str, Any]) -> dict[str, Any]:
     """Anthropic Messages: system messages go to the top-level ``system`` (its messages are only
     user and assistant turns), an assistant's tool calls are ``tool_use`` blocks and their
-    results ``tool_result`` blocks of the next user turn, tools take ``input_schema``, and stop
-    sequences are ``stop_sequences``."""
-    system: list[str] = []
+    results ``tool_result`` blocks of the next user turn, an empty answer is left out, tools
+    take ``input_schema``, and stop sequences are ``stop_sequences``."""
+    system, conversation = _system(fields)
     messages: list[dict[str, Any]] = []
-    for message in fields.get("messages", []):
+    for message in conversation:
         role, content = message.get("role"), message.get("content")
-        if role == "system":
-            system.append(str(content))
-        elif role == "tool":
+        if role == "tool":
             block = {
                 "type": "tool_result",
                 "tool_use_id": message.get("tool_call_id"),
@@ -93,11 +110,13 @@ def _messages(fields: dict[str, Any]) -> dict[str, Any]:
                 use = {"id": call["id"], "name": function["name"], "input": _input(function["arguments"])}
                 blocks.append({"type": "tool_use"} | use)
             messages.append({"role": role, "content": blocks})
-        else:
+        elif content or role != "assistant":
             messages.append({"role": role, "content": content or ""})
+        # else an empty answer (a reply cut while it reasoned): Anthropic refuses a turn with no
+        # content, and joins the user turns either side of the one left out
     body: dict[str, Any] = {"messages": messages}
     if system:
-        body["system"] = "\n\n".join(system)
+        body["system"] = system
     if fields.get("stop"):
         body["stop_sequences"] = fields["stop"]
     if fields.get("tools"):
@@ -121,6 +140,7 @@ def _input(arguments: str) -> dict[str, Any]:
 
 
 def _anthropic_tool(function: dict[str, Any]) -> dict[str, Any]:
+    """A chat function spec as an Anthropic tool: its JSON schema is ``input_schema``."""
     tool = {"name": function["name"], "input_schema": function.get("parameters") or {"type": "object"}}
     return tool | ({"description": function["description"]} if function.get("description") else {})
 
