@@ -24,6 +24,7 @@ from ipw_async.client import (
     EventStream,
     MessagesParser,
     ResponsesParser,
+    ServerUnreachable,
     StreamingClient,
     StreamParser,
     list_models,
@@ -403,6 +404,17 @@ async def test_list_models_asks_with_the_key_as_the_endpoints_api_sends_it(
     async with _serving(app) as root:
         assert await list_models(f"{root}/v1", "sk-ant-1", endpoint=endpoint) == ["claude-x"]
     assert seen == [sent]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "says"), [("messages", "ANTHROPIC_API_KEY"), ("chat", "OPENAI_API_KEY")]
+)
+async def test_a_refused_key_names_the_variable_the_endpoints_api_reads(endpoint: str, says: str) -> None:
+    app = web.Application()
+    app.router.add_get("/v1/models", lambda _: web.json_response({"error": "bad key"}, status=401))
+    async with _serving(app) as root:
+        with pytest.raises(ServerUnreachable, match=f"set --api-key or {says}"):
+            await list_models(f"{root}/v1", "sk-wrong", endpoint=endpoint)
 
 
 async def test_the_simulator_reports_cached_tokens_each_apis_way_and_resets_its_cache() -> None:

@@ -200,13 +200,16 @@ async def list_models(
         raise ServerUnreachable(f"{shown} did not answer within {timeout:.0f} s") from None
     except httpx.HTTPError as exc:
         raise ServerUnreachable(f"cannot use {shown}: {redact_urls(str(exc))}") from None
+    anthropic = endpoint == "messages"
     if response.status_code in (401, 403):
+        variable = "ANTHROPIC_API_KEY" if anthropic else "OPENAI_API_KEY"
         raise ServerUnreachable(
-            f"{shown} rejected the API key (HTTP {response.status_code}); set --api-key or OPENAI_API_KEY"
+            f"{shown} rejected the API key (HTTP {response.status_code}); set --api-key or {variable}"
         )
     if response.status_code == 404:
+        api = "Anthropic-compatible" if anthropic else "OpenAI-compatible"
         raise ServerUnreachable(
-            f"no OpenAI-compatible API at {shown} (GET /models gave 404); the base URL usually ends in /v1"
+            f"no {api} API at {shown} (GET /models gave 404); the base URL usually ends in /v1"
         )
     if response.status_code >= 400:
         hint = "; it may still be starting, try again shortly" if response.status_code == 503 else ""
