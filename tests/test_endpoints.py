@@ -410,8 +410,11 @@ async def test_list_models_asks_with_the_key_as_the_endpoints_api_sends_it(
     ("endpoint", "says"), [("messages", "ANTHROPIC_API_KEY"), ("chat", "OPENAI_API_KEY")]
 )
 async def test_a_refused_key_names_the_variable_the_endpoints_api_reads(endpoint: str, says: str) -> None:
+    async def refuse(_: web.Request) -> web.Response:
+        return web.json_response({"error": "bad key"}, status=401)
+
     app = web.Application()
-    app.router.add_get("/v1/models", lambda _: web.json_response({"error": "bad key"}, status=401))
+    app.router.add_get("/v1/models", refuse)
     async with _serving(app) as root:
         with pytest.raises(ServerUnreachable, match=f"set --api-key or {says}"):
             await list_models(f"{root}/v1", "sk-wrong", endpoint=endpoint)
