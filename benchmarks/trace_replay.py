@@ -122,11 +122,14 @@ def main() -> None:
         trace = sessions_trace(root / "sessions.jsonl", args.sessions, args.seed)
         frame = replay(trace, args.speedup, root / "sessions")
         ok = frame.filter(pl.col("status") == "ok")
-        sessions = frame.group_by("task_id").agg(pl.col("energy_j").sum(), (pl.col("status") == "ok").all())
-        complete = sessions.filter(pl.col("status"))
+        sessions = frame.group_by("task_id").agg(
+            pl.col("energy_j").sum(), (pl.col("status") == "ok").all(), pl.col("energy_j").null_count().alias("unmeasured")
+        )
+        # a sum over a turn with no energy would read as a cheaper session: those are left out
+        complete = sessions.filter(pl.col("status") & (pl.col("unmeasured") == 0))
         print(
             f"[simulated] sessions trace: {sessions.height} sessions, {frame.height} requests "
-            f"(x{args.speedup:g}), {complete.height} sessions all ok"
+            f"(x{args.speedup:g}), {complete.height} sessions all ok and measured"
         )
         print(f"  lateness of first turns: {lateness_ms(frame.filter(pl.col('turn_index') == 0))}")
         print(f"  lateness of later turns: {lateness_ms(frame.filter(pl.col('turn_index') > 0))}")

@@ -14,7 +14,7 @@ import pytest
 
 from ipw_async import RunError, run_benchmark
 from ipw_async.harness import RunConfig
-from ipw_async.harness.sweep import request_cache_reset, run_sweep, server_root
+from ipw_async.harness.sweep import request_cache_reset, reset_url, run_sweep
 from ipw_async.harness.workloads import workload_of
 from ipw_async.sim import SimulatorProcess
 from ipw_async.workload.prefix import shared_prefix
@@ -132,5 +132,6 @@ def test_a_failed_reset_is_noted_and_the_sweep_goes_on(
 
 
 def test_the_simulator_resets_its_prefix_cache_on_request(sim: SimulatorProcess) -> None:
-    assert server_root("http://h:8000/v1/") == "http://h:8000"
+    assert reset_url("http://h:8000/v1/") == "http://h:8000/reset_prefix_cache"
+    assert reset_url("http://h/gw/v1?key=k") == "http://h/gw/reset_prefix_cache?key=k"  # a gateway's key kept
     assert request_cache_reset(sim.base_url, None) == "done"

@@ -81,6 +81,46 @@ def test_azure_timestamps_keep_all_seven_fractional_digits(tmp_path: Path) -> No
     assert azure_time_ns("2023-11-16 18:15:46.6805901") - azure_time_ns("2023-11-16 18:15:46.68059") == 100
 
 
+def test_azure_2024_timestamps_carry_their_utc_offset(tmp_path: Path) -> None:
+    path = tmp_path / "AzureLLMInferenceTrace_code_1week.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2024-05-10 00:00:00.009930+00:00,2048,28\n"
+        "2024-05-10 02:00:01.5+02:00,512,9\n"  # the same instant as 00:00:01.5 UTC
+    )
+    trace = load_trace(path)
+    assert trace.format == "azure"
+    assert [r.offset_ns for r in trace.requests] == [0, 1_490_070_000]
+    assert azure_time_ns("2024-05-10 00:00:00+00:00") == azure_time_ns("2024-05-10 00:00:00")
+
+
+def test_a_csv_saved_with_a_byte_order_mark_reads_as_one_without(tmp_path: Path) -> None:
+    path = tmp_path / "BurstGPT_excel.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + BURSTGPT.encode())
+    assert [r.input_tokens for r in load_trace(path).requests] == [472, 417]
+
+
+def test_skipped_entries_are_counted_by_their_cause_and_said_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "burstgpt.csv"
+    path.write_text(BURSTGPT + "130,ChatGPT,0,12,12,API log\n131,GPT-4,80,0,80,API log\n")
+    trace = load_trace(path)
+    assert trace.skipped == 3 and dict(trace.skipped_by) == {"Response tokens": 2, "Request tokens": 1}
+    assert trace.skipped_note() == (
+        "skipped 3 failed requests of burstgpt.csv (2 with 0 Response tokens, 1 with 0 Request tokens)"
+    )
+    assert trace.describe() == {
+        "file": "burstgpt.csv",
+        "format": "burstgpt",
+        "entries": 2,
+        "skipped": 3,
+        "skipped_by": {"Response tokens": 2, "Request tokens": 1},
+    }
+    path.write_text(BURSTGPT)
+    assert load_trace(path).skipped_note() == "skipped 1 failed request of burstgpt.csv (0 Response tokens)"
+    whole = _jsonl(tmp_path / "m.jsonl", MOONCAKE)
+    assert load_trace(whole).skipped_note() is None and load_trace(whole).describe()["skipped_by"] == {}
+
+
 def test_sessions_carry_their_turns_think_times_and_ids(tmp_path: Path) -> None:
     rows = [
         {"session_id": "b", "timestamp": 12.5, "turns": [{"input_length": 40, "output_length": 8}]},
@@ -115,9 +155,19 @@ def test_sessions_carry_their_turns_think_times_and_ids(tmp_path: Path) -> None:
             "s.jsonl",
             '{"timestamp": 0, "turns": [{"input_length": 5, "output_length": 2}, {"input_length": 5}]}\n',
             "sessions",
-            "s.jsonl line 1: turn 2: output_length must be",
+            "s.jsonl line 1: turn 2: output_length is missing$",
         ),
         ("b.csv", "Timestamp,Model\n5,ChatGPT\n", "burstgpt", "b.csv line 1: no column Request tokens"),
+        ("b.csv", BURSTGPT.replace("118,GPT-4,417", "118,GPT-4"), "burstgpt", "b.csv line 4: 5 fields where the header has 6"),
+        ("m.jsonl", '{"timestamp": 1, "output_length": 3}\n', "mooncake", "m.jsonl line 1: input_length is missing$"),
+        ("m.jsonl", '{"input_length": 1, "output_length": 3}\n', "mooncake", "m.jsonl line 1: timestamp is missing$"),
+        (
+            "m.jsonl",
+            '{"timestamp": Infinity, "input_length": 1, "output_length": 3}\n',
+            "mooncake",
+            "m.jsonl line 1: timestamp must be a non-negative number, not inf",
+        ),
+        ("a.csv", AZURE.replace("18:15:50.9951690,396", "18:15:60.1,396"), "azure", "a.csv line 3: TIMESTAMP .* not a date"),
     ],
 )
 def test_a_bad_line_is_named_by_the_file_and_its_number(
@@ -147,6 +197,8 @@ def test_a_bad_trace_stops_the_run_before_it_starts_in_one_line(tmp_path: Path) 
         RunConfig(trace=path, concurrency=4).validate()
     with pytest.raises(RunError, match="--speedup and --trace-format are for a replay"):
         RunConfig(speedup=2.0).validate()
+    with pytest.raises(RunError, match=r"--trace is the workload: .* leave out --dataset"):
+        RunConfig(trace=path, dataset="synthetic").validate()
 
 
 def test_replay_times_are_the_offsets_over_the_speedup_from_the_start() -> None:
@@ -251,6 +303,40 @@ async def test_a_replay_against_the_simulator_keeps_the_traces_lengths_and_times
     cached = frame.get_column("cached_prompt_tokens").to_list()
     assert [c for c in cached[::2]] == [0] * 10  # every even entry has only its own block
     assert all(c >= 1024 for c in cached[3::2])
+
+
+class _Notes:
+    """A display that keeps the run's notes."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    async def run(self, state: object) -> None:
+        await asyncio.Event().wait()
+
+    def finish(self, result: object) -> None:
+        pass
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+
+async def test_a_replay_says_once_what_it_skipped_and_run_json_keeps_it(tmp_path: Path) -> None:
+    path = tmp_path / "burstgpt.csv"
+    path.write_text(BURSTGPT.replace("118,", "0.2,"))
+    display = _Notes()
+    result = await run_benchmark(quick_config(tmp_path, trace=path, concurrency=None, max_queries=None), display)
+    assert result.records.height == 2
+    skipped = [n for n in display.notes if "failed request" in n]
+    assert skipped == ["note: skipped 1 failed request of burstgpt.csv (0 Response tokens)"]
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["workload"]["trace"] == {
+        "file": "burstgpt.csv",
+        "format": "burstgpt",
+        "entries": 2,
+        "skipped": 1,
+        "skipped_by": {"Response tokens": 1},
+    }
 
 
 async def test_a_sessions_replay_sends_each_turn_its_think_time_after_the_last_answer(tmp_path: Path) -> None:

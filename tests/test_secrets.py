@@ -229,3 +229,22 @@ def test_a_resumed_run_asks_again_for_every_secret_run_json_kept_out(tmp_path: P
     again = _own_config(saved, RunConfig(**secrets), tmp_path)  # type: ignore[arg-type]
     assert {k: getattr(again, k) for k in secrets} == secrets
     assert again.max_queries == 7 and again.telemetry_url == ["http://gpu:9180"]
+
+
+def test_a_messages_run_without_a_key_reads_anthropics_variable_and_never_writes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ipw_async.cli.options import parse_run_args, run_config
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-SECRET-4")
+    config = run_config(parse_run_args(["--endpoint", "messages", "--base-url", "http://gpu:8000/v1"]))
+    assert config.api_key == "sk-ant-SECRET-4"
+    saved = config.public()
+    assert saved["api_key_set"] is True and "SECRET-4" not in json.dumps(saved, default=str)
+    assert "SECRET-4" not in repr(config)
+    # another API does not read it; a key given, or OPENAI_API_KEY, comes first
+    assert run_config(parse_run_args(["--endpoint", "chat"])).api_key is None
+    assert RunConfig(endpoint="messages", api_key="sk-given").api_key == "sk-given"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    assert run_config(parse_run_args(["--endpoint", "messages"])).api_key == "sk-openai"

@@ -107,6 +107,10 @@ class RunConfig(MeasureOptions, SendOptions):
                 f"--trace is the workload: leave out --workload {self.workload}",
             ),
             (
+                self.trace is None or self.dataset == "qa",
+                "--trace is the workload: its prompts are made to its lengths; leave out --dataset",
+            ),
+            (
                 self.trace is not None or (self.speedup == 1.0 and self.trace_format == "auto"),
                 "--speedup and --trace-format are for a replay: add --trace FILE",
             ),

@@ -30,6 +30,7 @@ from ..telemetry import Sampler, TelemetrySetup
 from ..telemetry.http import redact_url
 from ..workload import Workload
 from ..workload.body import BodyDefaults
+from ..workload.replay import trace_of
 from . import reports
 from .config import RunConfig
 from .counters import CounterChecks
@@ -96,6 +97,9 @@ class RunOpening:
     async def open(self) -> LiveRun:
         """Each part in turn, in the order the stack closes them in reverse."""
         config, spec, resume, stack = self.config, self.spec, self.resume, self.stack
+        trace = trace_of(self.workload)
+        if trace is not None and (skipped := trace.skipped_note()):
+            self.note(f"note: {skipped}")
         server = await self._server()
         run_dir, fresh = self._directory(server)
         telemetry = await open_telemetry(config, server.sim, server.base_url, self.note)

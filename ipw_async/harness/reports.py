@@ -16,6 +16,7 @@ from ..stats import distribution
 from ..telemetry import Sampler, TelemetrySetup
 from ..telemetry.http import redact_url
 from ..workload import Workload
+from ..workload.replay import trace_of
 from .config import RunConfig
 from .counters import CounterChecks
 from .health import HarnessCpu, LoopLag
@@ -39,11 +40,7 @@ def manifest(
         simulated=config.simulated or telemetry.simulated,
         model=model,
         base_url=None if config.simulated else redact_url(base_url),
-        workload={
-            "kind": type(workload).__name__,
-            "dataset": workload.name,
-            "scorer": config.scorer or workload.scorer,
-        },
+        workload=_described(config, workload),
         load=asdict(spec) | {"label": spec.label},
         sources={s.source.name: s.info.description for s in telemetry.opened},
         skipped=telemetry.skipped,
@@ -51,6 +48,18 @@ def manifest(
         sample_ms=config.sample_ms,
         probe_s=config.counter_probe_s,
     )
+
+
+def _described(config: RunConfig, workload: Workload) -> dict[str, Any]:
+    """The workload as run.json keeps it; a replay adds its trace: format, entries, and the
+    entries skipped as the trace's failures."""
+    described = {
+        "kind": type(workload).__name__,
+        "dataset": workload.name,
+        "scorer": config.scorer or workload.scorer,
+    }
+    trace = trace_of(workload)
+    return described if trace is None else described | {"trace": trace.describe()}
 
 
 def run_state(

@@ -4,6 +4,7 @@ Half of :class:`~ipw_async.harness.config.RunConfig`'s fields, in the order ``--
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+ANTHROPIC_KEY_ENV = "ANTHROPIC_API_KEY"  # where Anthropic's own clients look for the key
 _CLIENT = ClientConfig(base_url="")  # the client's defaults are the run's
 _BODY = BodyDefaults(model="")
 
@@ -59,14 +61,18 @@ class SendOptions:
     endpoint: str = field(
         default=_CLIENT.endpoint,
         metadata=option(
-            "chat (/chat/completions) or completions (/completions).", panel=TARGET, choices=ENDPOINTS
+            "chat (/chat/completions), completions (/completions), responses (OpenAI Responses, "
+            "/responses) or messages (Anthropic Messages, /messages).",
+            panel=TARGET,
+            choices=ENDPOINTS,
         ),
     )
     api_key: str | None = field(
         default=None,
         repr=False,
         metadata=option(
-            "API key. Never written to any file or log.",
+            f"API key; with --endpoint messages and none given, {ANTHROPIC_KEY_ENV} is read too. "
+            "Never written to any file or log.",
             envvar="OPENAI_API_KEY",
             parse=lambda key: key or None,
             show_default=False,
@@ -341,3 +347,9 @@ class SendOptions:
         default=_CLIENT.read_timeout,
         metadata=option("Seconds to wait between bytes of a response.", panel=TARGET),
     )
+
+    def __post_init__(self) -> None:
+        # --api-key, then OPENAI_API_KEY (the option's own variable); a Messages run then tries
+        # Anthropic's variable, as Anthropic's clients do, from the CLI and from Python alike
+        if self.api_key is None and self.endpoint == "messages":
+            self.api_key = os.environ.get(ANTHROPIC_KEY_ENV) or None

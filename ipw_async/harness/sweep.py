@@ -19,6 +19,7 @@ import datetime as dt
 import itertools
 import signal
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,7 @@ from ..results import finished
 from ..rundir import files
 from ..rundir.lifecycle import slug
 from ..rundir.manifest import Manifest, RunDirError
+from ..telemetry.http import redact_url
 from .config import RunConfig
 from .live import Display, run_benchmark
 
@@ -45,8 +47,17 @@ def default_sweep_dir(base: RunConfig) -> Path:
     return base.runs_root / f"sweep_{stamp}_{slug(name)}"
 
 
+NO_LEVELS_IN_A_TRACE = (
+    "--trace replays one schedule, the trace's own times, with no concurrency or rate to vary: "
+    "run it with `ipw-async run --trace FILE --speedup X`, once per speedup"
+)
+
+
 def level_config(base: RunConfig, level: Level, repeat: int, out_dir: Path) -> RunConfig:
-    """The base config at this level and repeat: same dataset slice, seed + repeat."""
+    """The base config at this level and repeat: same dataset slice, seed + repeat. ValueError
+    for a --trace: every run would be refused the level it was given (a sweep's, a search's)."""
+    if base.trace is not None:
+        raise ValueError(NO_LEVELS_IN_A_TRACE)
     seed = base.seed + repeat
     return dataclasses.replace(
         base,
@@ -66,16 +77,18 @@ RESET_NEW_SERVER = "not needed: each run starts its own simulator"
 RESET_NOT_TRIED = "not tried: the sweep stopped before its first run"
 
 
-def server_root(base_url: str) -> str:
-    """The server's root: its API base without ``/v1``."""
-    url = base_url.rstrip("/")
-    return url.removesuffix("/v1")
+def reset_url(base_url: str) -> str:
+    """Where to ask for the reset: the server's root (its API base without ``/v1``), the base
+    URL's query kept (where some gateways take their key)."""
+    parts = urllib.parse.urlsplit(base_url)
+    root = parts.path.rstrip("/").removesuffix("/v1")
+    return urllib.parse.urlunsplit(parts._replace(path=root + RESET_PATH, fragment=""))
 
 
 def request_cache_reset(base_url: str, api_key: str | None) -> str:
     """Ask the server to empty its prefix cache: ``done``, or ``not supported`` (no such route,
     method or feature: 404, 405, 501); OSError for any other failure (no answer, another status)."""
-    request = urllib.request.Request(server_root(base_url) + RESET_PATH, data=b"", method="POST")
+    request = urllib.request.Request(reset_url(base_url), data=b"", method="POST")
     if api_key:
         request.add_header("Authorization", f"Bearer {api_key}")
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # as the run's client: no proxy
@@ -107,7 +120,7 @@ class PrefixResets:
     def before_run(self) -> None:
         if self.state not in (None, RESET_DONE) or self.base_url is None:  # kept, unsupported, no server
             return
-        url = server_root(self.base_url) + RESET_PATH
+        url = redact_url(reset_url(self.base_url))  # as the notes show it: no secret of the URL's
         try:
             outcome = request_cache_reset(self.base_url, self.api_key)
         except OSError as exc:
@@ -197,6 +210,8 @@ def run_sweep(
     reset its prefix cache). ``reset_prefix_cache``: empty the server's prefix cache before
     each run. Raises ValueError for bad arguments before running anything.
     """
+    if base.trace is not None:  # before anything runs; level_config would refuse the first level
+        raise ValueError(NO_LEVELS_IN_A_TRACE)
     mode, levels = levels_of(concurrency, rates)
     if repeats < 1:
         raise ValueError("--repeats must be at least 1")

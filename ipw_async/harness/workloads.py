@@ -56,6 +56,11 @@ def _text_seed(config: WorkloadOptions) -> int:
     return config.seed if config.dataset_seed is None else config.dataset_seed
 
 
+def _chat(config: WorkloadOptions) -> bool:
+    """Whether prompts go as messages: every API takes them but the completions one."""
+    return config.endpoint != "completions"
+
+
 def _dataset(config: WorkloadOptions) -> Dataset:
     return resolve(
         config.dataset,
@@ -70,14 +75,13 @@ def _dataset(config: WorkloadOptions) -> Dataset:
 
 
 def _single(config: WorkloadOptions) -> Workload:
-    return SingleTurn(_dataset(config), chat=config.endpoint != "completions")
+    return SingleTurn(_dataset(config), chat=_chat(config))
 
 
 def _prefix(config: WorkloadOptions) -> Workload:
     text = PromptText(_text_seed(config), config.cache_salt)
-    chat = config.endpoint != "completions"
     return PrefixWorkload(
-        _dataset(config), chat, text, config.prefix_tokens, config.prefix_share, config.prefixes
+        _dataset(config), _chat(config), text, config.prefix_tokens, config.prefix_share, config.prefixes
     )
 
 
@@ -101,7 +105,7 @@ def _agentic(config: WorkloadOptions) -> Workload:
 
 
 def _conversation(config: WorkloadOptions) -> Workload:
-    chat = config.endpoint != "completions"  # every other API takes messages
+    chat = _chat(config)
     if config.dataset == "qa":
         return ConversationReplay(builtin_conversations(), "qa-chat", chat)
     return ConversationReplay(load_conversations(config.dataset), Path(config.dataset).stem, chat)
@@ -125,8 +129,7 @@ def workload_of(config: WorkloadOptions) -> Workload:
     try:
         if config.trace is not None:
             trace = load_trace(config.trace, config.trace_format)
-            chat = config.endpoint != "completions"
-            return trace_workload(trace, chat, _text_seed(config), config.speedup, config.cache_salt)
+            return trace_workload(trace, _chat(config), _text_seed(config), config.speedup, config.cache_salt)
         return build(config)
     except DatasetError as exc:
         raise RunError(str(exc)) from None

@@ -3,10 +3,11 @@ prefix-cache workload sends in place of prompts it does not have.
 
 Lengths are exact on the simulator's tokenizer (a token per four characters, as
 ``sim.server.count_tokens`` counts); there are 0.9 words per four characters, and a real
-tokenizer makes one token of each of these common English words, so about 0.9 of the length. Text for a key begins with the key itself, so two keys'
-texts differ from their first characters and a prefix cache never mistakes one for the other;
-the rest is a stretch of seeded random words chosen by the key, so the same seed, salt and key
-give the same text in every run and process, and a shorter text is a prefix of a longer one.
+tokenizer makes one token of each of these common English words, so about 0.9 of the length.
+Text for a key begins with the key itself, so two keys' texts differ from their first
+characters and a prefix cache never mistakes one for the other; the rest is a stretch of seeded
+random words chosen by the key, so the same seed, salt and key give the same text in every run
+and process, and a shorter text is a prefix of a longer one.
 """
 
 from __future__ import annotations

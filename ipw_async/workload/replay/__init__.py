@@ -27,10 +27,15 @@ from .formats import FORMATS, MOONCAKE_BLOCK_TOKENS, Trace, load_trace
 
 
 class _Entries(abc.ABC):
-    """Units over a trace's entries, in order, each once, numbered by its place in the trace."""
+    """Units over a trace's entries, in order, each once, numbered by its place in the trace;
+    their prompts made by ``text``, as chat messages or (``chat`` False) a completion prompt."""
 
-    def __init__(self, trace: Trace) -> None:
+    scorer = None  # a trace has no answers to score
+
+    def __init__(self, trace: Trace, chat: bool, text: PromptText) -> None:
         self.trace = trace
+        self.chat = chat
+        self.text = text
         self.name = trace.name
         self._next = 0
 
@@ -51,13 +56,6 @@ class _Entries(abc.ABC):
 class TraceReplay(_Entries):
     """One request per trace entry, due at the entry's time."""
 
-    scorer = None
-
-    def __init__(self, trace: Trace, chat: bool, text: PromptText) -> None:
-        super().__init__(trace)
-        self.chat = chat
-        self.text = text
-
     def _unit(self, index: int, warmup: bool) -> WorkUnit:
         entry = self.trace.requests[index]
         prompt = self.text.blocks(entry.blocks, MOONCAKE_BLOCK_TOKENS, entry.input_tokens, f"r{index}")
@@ -72,13 +70,9 @@ class SessionReplay(_Entries):
     """One task per session of a sessions trace, started at its time; its query id is the
     session's id."""
 
-    scorer = None
-
     def __init__(self, trace: Trace, chat: bool, text: PromptText, speedup: float) -> None:
-        super().__init__(trace)
-        self.chat = chat
-        self.text = text
-        self.speedup = speedup
+        super().__init__(trace, chat, text)
+        self.speedup = speedup  # think times are trace time too
 
     def _message(self, index: int, turn: int) -> str:
         return self.text.text(f"s{index}/t{turn}", self.trace.sessions[index].turns[turn].input_tokens)
@@ -110,4 +104,9 @@ def trace_workload(
     return TraceReplay(trace, chat, text)
 
 
-__all__ = ["FORMATS", "SessionReplay", "Trace", "TraceReplay", "load_trace", "trace_workload"]
+def trace_of(workload: object) -> Trace | None:
+    """The trace a workload replays, or None for any other workload."""
+    return workload.trace if isinstance(workload, _Entries) else None
+
+
+__all__ = ["FORMATS", "SessionReplay", "Trace", "TraceReplay", "load_trace", "trace_of", "trace_workload"]

@@ -11,7 +11,8 @@ the line's number (``mooncake.jsonl line 17: ...``).
 - **burstgpt** (CSV): ``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``,
   the timestamp in seconds from the trace's start.
 - **azure** (CSV, 2023 and 2024): ``TIMESTAMP,ContextTokens,GeneratedTokens``, timestamps like
-  ``2023-11-16 18:15:46.6805900`` (seven fractional digits: more than ``strptime`` takes).
+  ``2023-11-16 18:15:46.6805900`` (2023: seven fractional digits, more than ``strptime`` takes)
+  or ``2024-05-10 00:00:00.009930+00:00`` (2024: with its UTC offset).
 - **sessions** (JSONL): one conversation a line, ``{"session_id": "s1", "timestamp": 12.5,
   "turns": [{"input_length": 900, "output_length": 120}, {"input_length": 60,
   "output_length": 200, "think_s": 8.0}]}``: the timestamp in seconds; a turn's
@@ -19,7 +20,8 @@ the line's number (``mooncake.jsonl line 17: ...``).
   with the turns before it as history.
 
 A request that produced no tokens in the trace (BurstGPT's failures, a 0 output length), or
-had no prompt, cannot be replayed: it is skipped and counted (:attr:`Trace.skipped`).
+had no prompt, cannot be replayed: it is skipped and counted, by the column that was 0
+(:attr:`Trace.skipped_by`), and the run says so (:meth:`Trace.skipped_note`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ import csv
 import dataclasses
 import datetime as dt
 import json
+import math
+import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +45,7 @@ FORMATS = ("auto", "mooncake", "burstgpt", "azure", "sessions")
 _MS, _S = 1_000_000, 1_000_000_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # a trace can hold millions
 class TraceRequest:
     """One request of a trace: when it arrived and its lengths in tokens."""
 
@@ -54,14 +59,14 @@ class TraceRequest:
         return self.offset_ns / _S
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # a trace can hold millions
 class SessionTurn:
     input_tokens: int  # the turn's new user message; the history comes on top
     output_tokens: int
     think_s: float = 0.0  # after the previous answer ended (a session's first turn: none)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # a trace can hold millions
 class TraceSession:
     """One conversation of a sessions trace: it starts at ``offset_ns``."""
 
@@ -82,10 +87,37 @@ class Trace:
     format: str
     requests: tuple[TraceRequest, ...] = ()
     sessions: tuple[TraceSession, ...] = ()
-    skipped: int = 0  # requests the trace records as producing nothing
+    # entries skipped as producing nothing, by the column that was 0 (BurstGPT's failures)
+    skipped_by: tuple[tuple[str, int], ...] = ()
+    file: str = ""  # the file's name, as the run's note names it
 
     def __len__(self) -> int:
         return len(self.sessions) if self.format == "sessions" else len(self.requests)
+
+    @property
+    def skipped(self) -> int:
+        return sum(n for _, n in self.skipped_by)
+
+    def skipped_note(self) -> str | None:
+        """The line a run prints once at its start when entries were skipped; None if none were."""
+        if not self.skipped_by:
+            return None
+        if len(self.skipped_by) == 1:
+            why = f"0 {self.skipped_by[0][0]}"
+        else:
+            why = ", ".join(f"{n} with 0 {column}" for column, n in self.skipped_by)
+        requests = "request" if self.skipped == 1 else "requests"
+        return f"skipped {self.skipped} failed {requests} of {self.file or self.name} ({why})"
+
+    def describe(self) -> dict[str, Any]:
+        """What run.json and summary.json say of the trace replayed."""
+        return {
+            "file": self.file or self.name,
+            "format": self.format,
+            "entries": len(self),
+            "skipped": self.skipped,
+            "skipped_by": dict(self.skipped_by),
+        }
 
 
 class _LineError(ValueError):
@@ -93,7 +125,9 @@ class _LineError(ValueError):
 
 
 def _count(row: dict[str, Any], key: str, least: int = 0) -> int:
-    value = row.get(key)
+    if key not in row:
+        raise _LineError(f"{key} is missing")
+    value = row[key]
     if isinstance(value, str):
         try:
             value = int(value.strip())
@@ -105,19 +139,29 @@ def _count(row: dict[str, Any], key: str, least: int = 0) -> int:
     return value
 
 
-def _number(value: Any, key: str) -> float:
+def _number(row: dict[str, Any], key: str, default: float | None = None) -> float:
+    """A non-negative finite number; ``default`` where the key is absent (None: required)."""
+    if key not in row:
+        if default is None:
+            raise _LineError(f"{key} is missing")
+        return default
+    value = row[key]
     if isinstance(value, str):
         try:
             value = float(value.strip())
         except ValueError:
             raise _LineError(f"{key} must be a number, not {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value >= 0):
         raise _LineError(f"{key} must be a non-negative number, not {value!r}")
     return float(value)
 
 
+# utf-8-sig: a file saved with a byte-order mark (Excel's CSVs) reads as one without
+_ENCODING = "utf-8-sig"
+
+
 def _json_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding=_ENCODING) as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -131,54 +175,68 @@ def _json_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def _csv_rows(path: Path, needed: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    with path.open(encoding="utf-8", newline="") as f:
+    with path.open(encoding=_ENCODING, newline="") as f:
         reader = csv.DictReader(f)
-        missing = [c for c in needed if c not in (reader.fieldnames or [])]
+        header = reader.fieldnames or []
+        missing = [c for c in needed if c not in header]
         if missing:
-            found = ", ".join(reader.fieldnames or []) or "nothing"
+            found = ", ".join(header) or "nothing"
             raise DatasetError(f"{path} line 1: no column {', '.join(missing)} (the header has {found})")
         for row in reader:
-            if None in row or any(row[c] is None for c in needed):  # too many or too few fields
-                raise DatasetError(f"{path} line {reader.line_num}: expected {len(reader.fieldnames or [])} fields")
+            # DictReader keeps surplus fields under the key None and fills short rows with None
+            if None in row or None in row.values():
+                extra = len(row.pop(None, None) or ())  # type: ignore[call-overload]
+                fields = sum(v is not None for v in row.values()) + extra
+                raise DatasetError(f"{path} line {reader.line_num}: {fields} fields where the header has {len(header)}")
             yield reader.line_num, row
 
 
-Entry = tuple[int, TraceRequest | TraceSession | None]  # time (ns, the trace's clock), None: skipped
+Skipped = str  # an entry that cannot be replayed: the column that was 0
+Entry = tuple[int, TraceRequest | TraceSession | Skipped]  # time (ns, the trace's clock) and what it is
 
 
 def _request(at: int, row: dict[str, Any], lengths: tuple[str, str], blocks: tuple[int, ...] = ()) -> Entry:
     """A request at ``at`` with the input and output lengths of ``row``'s two columns; skipped
-    (None) when either is 0: the trace's failures (BurstGPT's), or nothing to send."""
+    (the column's name) when either is 0: the trace's failures (BurstGPT's), or nothing to send."""
     tokens_in, tokens_out = _count(row, lengths[0]), _count(row, lengths[1])
-    if tokens_in == 0 or tokens_out == 0:
-        return at, None
+    if tokens_out == 0:
+        return at, lengths[1]
+    if tokens_in == 0:
+        return at, lengths[0]
     return at, TraceRequest(at, tokens_in, tokens_out, blocks)
 
 
 def _mooncake(n: int, row: dict[str, Any]) -> Entry:
-    ids = row.get("hash_ids", [])
+    ids = row.get("hash_ids", [])  # optional: without it, no prompt shares a block
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise _LineError("hash_ids must be a list of whole numbers")
-    at = round(_number(row.get("timestamp"), "timestamp") * _MS)
+    at = round(_number(row, "timestamp") * _MS)
     return _request(at, row, ("input_length", "output_length"), tuple(ids))
 
 
 def _burstgpt(n: int, row: dict[str, str]) -> Entry:
-    at = round(_number(row["Timestamp"], "Timestamp") * _S)
+    at = round(_number(row, "Timestamp") * _S)
     return _request(at, row, ("Request tokens", "Response tokens"))
 
 
+# 2023: 2023-11-16 18:15:46.6805900; 2024: 2024-05-10 00:00:00.009930+00:00
+_AZURE_TIME = re.compile(r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:?\d\d)?")
+
+
 def azure_time_ns(text: str) -> int:
-    """``2023-11-16 18:15:46.6805900`` as ns since the epoch (UTC), every fractional digit kept
-    (``strptime``'s %f takes six at most)."""
-    whole, _, fraction = text.strip().partition(".")
+    """An Azure trace's ``TIMESTAMP`` as ns since the epoch, every fractional digit kept
+    (``datetime`` keeps six at most); no UTC offset (the 2023 trace) reads as UTC."""
+    match = _AZURE_TIME.fullmatch(text.strip())
+    if match is None:
+        raise _LineError(
+            f"TIMESTAMP must look like 2023-11-16 18:15:46.6805900 or 2024-05-10 00:00:00.009930+00:00, not {text!r}"
+        )
+    whole, fraction, offset = match.groups()
     try:
-        stamp = dt.datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC)
+        stamp = dt.datetime.fromisoformat(whole + (offset or "+00:00"))
     except ValueError:
-        raise _LineError(f"TIMESTAMP must look like 2023-11-16 18:15:46.6805900, not {text!r}") from None
-    if fraction and not (fraction.isdigit() and len(fraction) <= 9):
-        raise _LineError(f"TIMESTAMP's fraction of a second must be up to 9 digits, not {fraction!r}")
-    return int(stamp.timestamp()) * _S + int(fraction.ljust(9, "0") if fraction else 0)
+        raise _LineError(f"TIMESTAMP {text!r} is not a date and time that exists") from None
+    return int(stamp.timestamp()) * _S + int((fraction or "").ljust(9, "0"))
 
 
 def _azure(n: int, row: dict[str, str]) -> Entry:
@@ -198,20 +256,21 @@ def _session(n: int, row: dict[str, Any]) -> Entry:
                 SessionTurn(
                     _count(turn, "input_length", 1),
                     _count(turn, "output_length", 1),
-                    _number(turn.get("think_s", 0.0), "think_s"),
+                    _number(turn, "think_s", default=0.0),
                 )
             )
         except _LineError as exc:
             raise _LineError(f"turn {i}: {exc}") from None
-    at = round(_number(row.get("timestamp"), "timestamp") * _S)
-    return at, TraceSession(str(row.get("session_id", f"session-{n}")), at, tuple(parsed))
+    at = round(_number(row, "timestamp") * _S)
+    session_id = row.get("session_id")
+    return at, TraceSession(f"session-{n}" if session_id is None else str(session_id), at, tuple(parsed))
 
 
 _BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
-def _rows(path: Path, fmt: str) -> Iterator[tuple[int, Entry]]:
+def _rows(path: Path, fmt: str) -> Iterator[Entry]:
     parse: Callable[[int, Any], Entry]
     rows: Iterator[tuple[int, Any]]
     if fmt == "mooncake":
@@ -224,7 +283,7 @@ def _rows(path: Path, fmt: str) -> Iterator[tuple[int, Entry]]:
         rows, parse = _csv_rows(path, _AZURE_COLUMNS), _azure
     for n, row in rows:
         try:
-            yield n, parse(n, row)
+            yield parse(n, row)
         except _LineError as exc:
             raise DatasetError(f"{path} line {n}: {exc}") from None
 
@@ -232,7 +291,7 @@ def _rows(path: Path, fmt: str) -> Iterator[tuple[int, Entry]]:
 def detect(path: Path) -> str:
     """The trace format of ``path``, by its extension and its first line."""
     try:
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding=_ENCODING) as f:
             first = next((line for line in f if line.strip()), "")
     except UnicodeDecodeError:
         raise DatasetError(f"{path}: not a text file; a trace is JSONL or CSV") from None
@@ -264,8 +323,9 @@ def load_trace(path: str | Path, fmt: str = "auto") -> Trace:
         raise DatasetError(f"trace file not found: {path}")
     if fmt == "auto":
         fmt = detect(path)
-    entries = [entry for _, entry in _rows(path, fmt)]
-    kept = [(at, item) for at, item in entries if item is not None]
+    entries = list(_rows(path, fmt))
+    kept = [(at, item) for at, item in entries if not isinstance(item, str)]
+    skipped = Counter(item for _, item in entries if isinstance(item, str))
     if not kept:
         raise DatasetError(f"{path}: no requests to replay" + (" (every one failed in the trace)" if entries else ""))
     origin = min(at for at, _ in entries)
@@ -273,4 +333,4 @@ def load_trace(path: str | Path, fmt: str = "auto") -> Trace:
     timed = [dataclasses.replace(item, offset_ns=at - origin) for at, item in kept]
     requests = tuple(e for e in timed if isinstance(e, TraceRequest))
     sessions = tuple(e for e in timed if isinstance(e, TraceSession))
-    return Trace(path.stem, fmt, requests, sessions, skipped=len(entries) - len(kept))
+    return Trace(path.stem, fmt, requests, sessions, tuple(skipped.most_common()), path.name)
