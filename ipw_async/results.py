@@ -283,6 +283,7 @@ def _summary(manifest: Manifest, records: pl.DataFrame, energy: dict[str, Any]) 
         "base_url": manifest.base_url,
         "dataset": manifest.workload["dataset"],
         "scorer": manifest.workload["scorer"],
+        **({"trace": manifest.workload["trace"]} if "trace" in manifest.workload else {}),
         "clock": run["clock"],
         "started_at": run["started_at"],
         **latency_stats(records),

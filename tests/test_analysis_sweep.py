@@ -230,11 +230,14 @@ def test_cli_sweep_rejects_an_unknown_run_option(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--bogus" in result.output
 
 
-def test_a_sweep_of_a_trace_is_refused_in_one_line_before_anything_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [["sweep", "-c", "1,2"], ["search", "--slo", "ttft_p90=80ms"]])
+def test_a_sweep_or_search_of_a_trace_is_refused_in_one_line_before_anything_runs(
+    tmp_path: Path, command: list[str]
+) -> None:
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 8, "output_length": 2}\n')
     out = tmp_path / "sweep"
-    result = CliRunner().invoke(app, ["sweep", "-c", "1,2", "-o", str(out), "--trace", str(trace)])
+    result = CliRunner().invoke(app, [*command, "-o", str(out), "--trace", str(trace)])
     assert result.exit_code == 2
     message = " ".join(result.output.split())  # the terminal may wrap the line
     assert "--trace replays one schedule" in message and "ipw-async run --trace FILE --speedup X" in message

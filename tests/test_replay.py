@@ -16,6 +16,7 @@ import pytest
 from ipw_async import RunError, run_benchmark
 from ipw_async._clock import now_ns
 from ipw_async.harness import RunConfig
+from ipw_async.harness.measuring import planned
 from ipw_async.harness.workloads import workload_of
 from ipw_async.load import LoadSpec, drive, replay_times
 from ipw_async.workload import DatasetError, Query, WorkUnit
@@ -321,7 +322,7 @@ class _Notes:
         self.notes.append(message)
 
 
-async def test_a_replay_says_once_what_it_skipped_and_run_json_keeps_it(tmp_path: Path) -> None:
+async def test_a_replay_says_once_what_it_skipped_and_run_json_and_the_summary_keep_it(tmp_path: Path) -> None:
     path = tmp_path / "burstgpt.csv"
     path.write_text(BURSTGPT.replace("118,", "0.2,"))
     display = _Notes()
@@ -337,6 +338,7 @@ async def test_a_replay_says_once_what_it_skipped_and_run_json_keeps_it(tmp_path
         "skipped": 1,
         "skipped_by": {"Response tokens": 1},
     }
+    assert result.summary["trace"] == run["workload"]["trace"]
 
 
 async def test_a_sessions_replay_sends_each_turn_its_think_time_after_the_last_answer(tmp_path: Path) -> None:
@@ -370,3 +372,14 @@ async def test_a_sessions_replay_sends_each_turn_its_think_time_after_the_last_a
         prompts = session.get_column("prompt_tokens").to_list()
         assert 200 <= prompts[0] <= 200 + CHAT_TEMPLATE_TOKENS and prompts[1] > 230 and prompts[2] > prompts[1]
         assert session.get_column("cached_prompt_tokens").to_list()[2] > 200
+
+
+def test_a_replay_plans_its_entries_less_those_its_warm_up_takes(tmp_path: Path) -> None:
+    # each entry is sent once: the warm-up's come out of the trace, not on top of it
+    config = quick_config(tmp_path, trace=_jsonl(tmp_path / "m.jsonl", MOONCAKE), concurrency=None, max_queries=None)
+    config.warmup = 1
+    assert planned(config, workload_of(config)) == len(MOONCAKE) - 1 == 1
+    config.trace = None
+    config.dataset = "synthetic"
+    config.max_queries = 8  # a dataset is cycled: its warm-up comes on top
+    assert planned(config, workload_of(config)) == 8

@@ -81,10 +81,13 @@ class Ending:
 
 
 def planned(config: RunConfig, workload: Workload) -> int | None:
-    """Measured units the run asks for; None when its duration bounds it."""
+    """Measured units the run asks for; None when its duration bounds it. A trace's entries are
+    each sent once, so its warm-up units come out of the trace's size."""
     if config.max_queries is not None:
         return config.max_queries
-    return None if config.duration is not None else workload.size()
+    if config.duration is not None:
+        return None
+    return max(workload.size() - config.warmup, 0) if config.trace is not None else workload.size()
 
 
 @dataclass

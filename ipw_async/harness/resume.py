@@ -96,7 +96,7 @@ def _own_config(saved: dict[str, Any], given: RunConfig, run_dir: Path) -> RunCo
     for name in _withheld(saved):  # what run.json kept out comes from this command, or the run stops
         if not getattr(given, name):
             flag = "--" + name.replace("_", "-")
-            also = " (or OPENAI_API_KEY)" if name == "api_key" else ""
+            also = " (or OPENAI_API_KEY, or ANTHROPIC_API_KEY on --endpoint messages)" if name == "api_key" else ""
             raise RunError(
                 f"{run_dir} used {flag} with a secret run.json does not keep: give it again with {flag}{also} "
                 "when resuming"

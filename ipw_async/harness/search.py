@@ -37,7 +37,7 @@ from ..rundir import files
 from ..rundir.lifecycle import slug
 from .config import RunConfig
 from .live import Display, run_benchmark
-from .sweep import level_config
+from .sweep import NO_LEVELS_IN_A_TRACE, level_config
 
 # An over-saturated probe never settled, so its SLO figures describe no steady state; it fails
 # as a probe whose tightest SLO was missed by its whole limit would.
@@ -166,6 +166,8 @@ def run_search(
         raise ValueError("--max-probes must be at least 2")
     if repeats < 1:
         raise ValueError("--repeats must be at least 1")
+    if base.trace is not None:  # refused before the folder is made: nothing left behind
+        raise ValueError(NO_LEVELS_IN_A_TRACE)
     out_dir.mkdir(parents=True, exist_ok=True)
     probes: list[Probe] = []
     stopped_by: signal.Signals | None = None
