@@ -13,15 +13,21 @@ Two runs, each against the built-in simulator (prefix caching on, as for every r
   times 1–4 s), at the same speedup. Printed: lateness of first and later turns, J/request and
   J/session (the sum of a session's attributed energy), each as mean and p50.
 
+``--own-core`` runs the simulator on the last core and the client on the others: on a small
+machine a simulator sharing the client's cores delays its timers (see docs/benchmarks.md).
+
     python benchmarks/trace_replay.py [--entries 2000] [--trace-rate 50] [--speedup 2] [--sessions 60]
+        [--own-core]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +35,8 @@ import polars as pl
 
 from ipw_async import RunConfig, run_benchmark
 from ipw_async._loop import run as run_loop
+from ipw_async.sim import SimConfig, SimulatorProcess
+from ipw_async.sim.physics import EngineConfig
 from ipw_async.workload.replay.formats import MOONCAKE_BLOCK_TOKENS
 
 
@@ -73,16 +81,40 @@ def sessions_trace(path: Path, sessions: int, seed: int) -> Path:
     return path
 
 
-def replay(trace: Path, speedup: float, out: Path) -> pl.DataFrame:
+@contextlib.contextmanager
+def simulator(own_core: bool) -> Iterator[str | None]:
+    """The base URL of a simulator on a core of its own, this process (the client) on the others;
+    None (the run starts its own, sharing every core) without ``own_core``."""
+    if not own_core:
+        yield None
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--own-core needs at least 2 cores")
+    os.sched_setaffinity(0, {cores[-1]})  # the simulator's process inherits this
+    try:
+        sim = SimulatorProcess(SimConfig(engine=EngineConfig(prefix_cache=True))).start()
+    finally:
+        os.sched_setaffinity(0, set(cores[:-1]))
+    try:
+        yield sim.base_url
+    finally:
+        sim.stop()
+        os.sched_setaffinity(0, set(cores))
+
+
+def replay(trace: Path, speedup: float, out: Path, own_core: bool) -> pl.DataFrame:
     """The trace replayed against the simulator; its measured records, energy attributed."""
-    config = RunConfig(trace=trace, speedup=speedup, output_dir=out, baseline_s=1.0, tail_s=0.5)
-    result = run_loop(run_benchmark(config))
+    with simulator(own_core) as base_url:
+        sim = {"base_url": base_url, "telemetry": "sim"} if base_url else {}
+        config = RunConfig(trace=trace, speedup=speedup, output_dir=out, baseline_s=1.0, tail_s=0.5, **sim)
+        result = run_loop(run_benchmark(config))
     assert result.complete, f"the replay of {trace.name} did not complete"
     client = result.summary["client"]
     # what else held the event loop: a timer cannot fire while another callback runs
     print(
         f"  (event loop lag p99 {client['loop_lag_p99_ms']:.2f} ms, {client['events_per_s']:.0f} stream "
-        f"events/s, on {os.cpu_count()} cores shared with the simulator)"
+        f"events/s, {'the simulator on a core of its own' if own_core else 'every core shared with the simulator'})"
     )
     return result.records.filter(~pl.col("warmup"))
 
@@ -103,11 +135,14 @@ def main() -> None:
     parser.add_argument("--speedup", type=float, default=2.0)
     parser.add_argument("--sessions", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--own-core", action="store_true", help="the simulator on the last core, the client on the others (Linux)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         trace = mooncake_trace(root / "mooncake.jsonl", args.entries, args.trace_rate, args.seed)
-        frame = replay(trace, args.speedup, root / "mooncake")
+        frame = replay(trace, args.speedup, root / "mooncake", args.own_core)
         ok = frame.filter(pl.col("status") == "ok")
         span = (frame.get_column("scheduled_ns").max() - frame.get_column("scheduled_ns").min()) / 1e9
         cached = ok.get_column("cached_prompt_tokens").sum() / ok.get_column("prompt_tokens").sum()
@@ -120,7 +155,7 @@ def main() -> None:
         print(f"  J/request: {per(ok.get_column('energy_j'))}")
 
         trace = sessions_trace(root / "sessions.jsonl", args.sessions, args.seed)
-        frame = replay(trace, args.speedup, root / "sessions")
+        frame = replay(trace, args.speedup, root / "sessions", args.own_core)
         ok = frame.filter(pl.col("status") == "ok")
         sessions = frame.group_by("task_id").agg(
             pl.col("energy_j").sum(), (pl.col("status") == "ok").all(), pl.col("energy_j").null_count().alias("unmeasured")
