@@ -14,7 +14,7 @@ import pytest
 
 from ipw_async import RunError, run_benchmark
 from ipw_async.harness import RunConfig
-from ipw_async.harness.sweep import request_cache_reset, reset_url, run_sweep
+from ipw_async.harness.sweep import PrefixResets, request_cache_reset, reset_url, run_sweep
 from ipw_async.harness.workloads import workload_of
 from ipw_async.sim import SimulatorProcess
 from ipw_async.workload.prefix import shared_prefix
@@ -73,9 +73,11 @@ class _Resets(http.server.BaseHTTPRequestHandler):
 
     status = 200
     calls: ClassVar[list[str]] = []  # each server's handler class gets its own list
+    auth: ClassVar[list[str | None]] = []
 
     def do_POST(self) -> None:
         self.calls.append(self.path)
+        self.auth.append(self.headers.get("Authorization"))
         self.send_response(self.status)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -86,7 +88,7 @@ class _Resets(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def counting_server() -> Iterator[tuple[str, type[_Resets]]]:
-    handler = type("Handler", (_Resets,), {"calls": []})
+    handler = type("Handler", (_Resets,), {"calls": [], "auth": []})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
@@ -129,6 +131,21 @@ def test_a_failed_reset_is_noted_and_the_sweep_goes_on(
     result = run_sweep(base, [1, 2], None, 1, tmp_path / "sweep", {}, note=notes.append)
     assert result.summary["prefix_cache_reset"] == "failed: HTTP 500"
     assert len(handler.calls) == 2 and len(notes) == 1 and len(result.runs) == 2
+
+
+def test_a_password_in_the_base_url_goes_as_basic_auth_and_never_into_a_note(
+    counting_server: tuple[str, type[_Resets]],
+) -> None:
+    url, handler = counting_server
+    with_password = url.replace("http://", "http://user:s3cret@")
+    assert request_cache_reset(with_password, None) == "done"
+    assert handler.calls == ["/reset_prefix_cache"] and handler.auth == ["Basic dXNlcjpzM2NyZXQ="]
+    assert request_cache_reset(with_password, "sk-1", endpoint="messages") == "done"  # the key wins
+    assert handler.auth[-1] is None  # messages send it as x-api-key, not Authorization
+    notes: list[str] = []
+    resets = PrefixResets(RunConfig(base_url="http://user:s3cret@127.0.0.1:9/v1"), True, notes.append)
+    resets.before_run()  # nothing listens on port 9: a failure, noted without the password
+    assert len(notes) == 1 and "s3cret" not in notes[0] and "s3cret" not in resets.summary
 
 
 def test_the_simulator_resets_its_prefix_cache_on_request(sim: SimulatorProcess) -> None:

@@ -14,8 +14,10 @@ too). A server that answers 404, 405 or 501 cannot: the sweep says so once and g
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
+import http.client
 import itertools
 import signal
 import urllib.error
@@ -30,6 +32,7 @@ from .._loop import run as run_loop
 from ..analysis.constraints import validate
 from ..analysis.headline import FIGURES, headline_figures
 from ..analysis.sweep import Level, SweepResult, levels_of, write_sweep
+from ..client import api_headers
 from ..errors import RunError, stop_signal
 from ..results import finished
 from ..rundir import files
@@ -79,18 +82,32 @@ RESET_NOT_TRIED = "not tried: the sweep stopped before its first run"
 
 def reset_url(base_url: str) -> str:
     """Where to ask for the reset: the server's root (its API base without ``/v1``), the base
-    URL's query kept (where some gateways take their key)."""
+    URL's query kept (where some gateways take their key), its user and password left out
+    (they go as a header: urllib reads a password in the URL as a port)."""
     parts = urllib.parse.urlsplit(base_url)
     root = parts.path.rstrip("/").removesuffix("/v1")
-    return urllib.parse.urlunsplit(parts._replace(path=root + RESET_PATH, fragment=""))
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=host, path=root + RESET_PATH, fragment=""))
 
 
-def request_cache_reset(base_url: str, api_key: str | None) -> str:
-    """Ask the server to empty its prefix cache: ``done``, or ``not supported`` (no such route,
-    method or feature: 404, 405, 501); OSError for any other failure (no answer, another status)."""
-    request = urllib.request.Request(reset_url(base_url), data=b"", method="POST")
+def _reset_headers(base_url: str, api_key: str | None, endpoint: str) -> dict[str, str]:
+    """The key as the run's API sends it, else the URL's user and password as HTTP basic auth."""
     if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
+        return api_headers(endpoint, api_key)
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.username is None:
+        return {}
+    pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+    return {"authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
+
+
+def request_cache_reset(base_url: str, api_key: str | None, endpoint: str = "chat") -> str:
+    """Ask the server to empty its prefix cache: ``done``, or ``not supported`` (no such route,
+    method or feature: 404, 405, 501); OSError for any other failure (no answer, another status,
+    an answer that is not HTTP)."""
+    request = urllib.request.Request(
+        reset_url(base_url), data=b"", method="POST", headers=_reset_headers(base_url, api_key, endpoint)
+    )
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # as the run's client: no proxy
     try:
         with direct.open(request, timeout=RESET_TIMEOUT_S):
@@ -99,6 +116,8 @@ def request_cache_reset(base_url: str, api_key: str | None) -> str:
         if exc.code in (404, 405, 501):
             return RESET_UNSUPPORTED
         raise OSError(f"HTTP {exc.code}") from None
+    except (http.client.HTTPException, ValueError) as exc:
+        raise OSError(f"{type(exc).__name__}: {exc}") from None
 
 
 class PrefixResets:
@@ -108,6 +127,7 @@ class PrefixResets:
     def __init__(self, base: RunConfig, wanted: bool, note: Callable[[str], None]) -> None:
         self.base_url = base.base_url
         self.api_key = base.api_key
+        self.endpoint = base.endpoint
         self.note = note
         if not wanted:
             self.state = RESET_KEPT
@@ -122,11 +142,11 @@ class PrefixResets:
             return
         url = redact_url(reset_url(self.base_url))  # as the notes show it: no secret of the URL's
         try:
-            outcome = request_cache_reset(self.base_url, self.api_key)
+            outcome = request_cache_reset(self.base_url, self.api_key, self.endpoint)
         except OSError as exc:
-            if self._failed is None:
-                self.note(f"could not reset the server's prefix cache (POST {url}: {exc}); the sweep goes on")
-            self._failed = str(exc)
+            if self._failed is None:  # the first failure is the one told and kept
+                self._failed = redact_url(str(exc))
+                self.note(f"could not reset the server's prefix cache (POST {url}: {self._failed}); the sweep goes on")
             return
         if outcome == RESET_UNSUPPORTED:
             self.note(
@@ -228,9 +248,9 @@ def run_sweep(
             rows.append(row)
             assert config.output_dir is not None
             previous = _run_id(config.output_dir)
+            resets.before_run()  # never raises: a reset that fails is noted, and the run goes on
             try:
                 stops.check()  # a signal between two runs stops the sweep before the next
-                resets.before_run()
                 run_loop(run_benchmark(config, display))
                 row["status"] = "ok"
             except RunError as exc:
