@@ -89,10 +89,15 @@ class RunLedger:
         """The workload's next units (less those an earlier session finished), until the run is
         aborted."""
         for unit in workload.units(count, warmup):
-            if self.abort.event.is_set() or self.stopped:
+            if not self.sending:
                 return
             if unit.unit_id not in self.done_units:
                 yield unit
+
+    @property
+    def sending(self) -> bool:
+        """Whether the run still sends: not aborted, and not stopped by its own rule."""
+        return not (self.abort.event.is_set() or self.stopped)
 
     def next_id(self) -> int:
         return next(self._ids)

@@ -18,7 +18,7 @@ from ..load import LoadSpec, drive
 from ..rundir.writer import RunWriter
 from ..state import Phase, RunState
 from ..telemetry import Meter, Sampler
-from ..workload import Workload
+from ..workload import Workload, WorkUnit
 from .config import RunConfig
 from .counters import CounterChecks
 from .dispatch import Dispatch
@@ -143,10 +143,16 @@ class LiveRun:
                 self.state.phase = Phase.WARMUP
                 steady = dataclasses.replace(self.spec, ramp=None)  # the ramp belongs to the measured load
                 units = self.ledger.units(self.workload, config.warmup, True)
-                await drive(steady, units, self.dispatch.execute, rng)
+                await drive(steady, units, self._execute, rng)
         await self._measured(t0, rng)
         self.state.phase = Phase.FINISHING
         await asyncio.sleep(config.tail_s if has_telemetry else 0)
+
+    async def _execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
+        """Perform a unit unless the run stopped sending since it was drawn: a timed unit is
+        drawn ahead of its time (``load.LEAD_NS``), a sparse trace's long before it."""
+        if self.ledger.sending:
+            await self.dispatch.execute(unit, scheduled_ns)
 
     async def _measured(self, t0: int, rng: np.random.Generator) -> None:
         """The measured load, until its plan, its deadline, an abort or the run's own rule."""
@@ -178,7 +184,7 @@ class LiveRun:
             if self.source is None:
                 units = ledger.units(self.workload, planned(config, self.workload), False)
                 on_target = self.state.set_target
-                load = drive(spec, units, self.dispatch.execute, rng, deadline, on_target=on_target)
+                load = drive(spec, units, self._execute, rng, deadline, on_target=on_target)
             else:
                 load = self.source.serve(ledger, self.upstream, t0, deadline)
             await self._until_done(self.tasks.start(load), cut)
