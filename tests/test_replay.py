@@ -158,6 +158,12 @@ def test_sessions_carry_their_turns_think_times_and_ids(tmp_path: Path) -> None:
             "sessions",
             "s.jsonl line 1: turn 2: output_length is missing$",
         ),
+        (
+            "s.jsonl",
+            '{"timestamp": 0, "turns": [{"input_length": 5, "output_length": 2}, {"input_length": 5, "output_length": 2}]}\n',
+            "sessions",
+            "s.jsonl line 1: turn 2: think_s is missing$",
+        ),
         ("b.csv", "Timestamp,Model\n5,ChatGPT\n", "burstgpt", "b.csv line 1: no column Request tokens"),
         ("b.csv", BURSTGPT.replace("118,GPT-4,417", "118,GPT-4"), "burstgpt", "b.csv line 4: 5 fields where the header has 6"),
         ("m.jsonl", '{"timestamp": 1, "output_length": 3}\n', "mooncake", "m.jsonl line 1: input_length is missing$"),

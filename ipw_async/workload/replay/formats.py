@@ -256,7 +256,9 @@ def _session(n: int, row: dict[str, Any]) -> Entry:
                 SessionTurn(
                     _count(turn, "input_length", 1),
                     _count(turn, "output_length", 1),
-                    _number(turn, "think_s", default=0.0),
+                    # a first turn is not waited for; a later one without its think time would
+                    # be sent back to back, which is not what the trace says: required
+                    _number(turn, "think_s", default=0.0 if i == 1 else None),
                 )
             )
         except _LineError as exc:
