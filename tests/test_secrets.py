@@ -243,8 +243,12 @@ def test_a_messages_run_without_a_key_reads_anthropics_variable_and_never_writes
     saved = config.public()
     assert saved["api_key_set"] is True and "SECRET-4" not in json.dumps(saved, default=str)
     assert "SECRET-4" not in repr(config)
-    # another API does not read it; a key given, or OPENAI_API_KEY, comes first
+    # another API does not read it; a key given comes first; an OpenAI key in the environment
+    # never goes to a Messages server while Anthropic's is there, and stands in when it is not
     assert run_config(parse_run_args(["--endpoint", "chat"])).api_key is None
     assert RunConfig(endpoint="messages", api_key="sk-given").api_key == "sk-given"
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    assert run_config(parse_run_args(["--endpoint", "messages"])).api_key == "sk-ant-SECRET-4"
+    assert run_config(parse_run_args(["--endpoint", "chat"])).api_key == "sk-openai"
+    monkeypatch.delenv("ANTHROPIC_API_KEY")
     assert run_config(parse_run_args(["--endpoint", "messages"])).api_key == "sk-openai"

@@ -71,7 +71,7 @@ class SendOptions:
         default=None,
         repr=False,
         metadata=option(
-            f"API key; with --endpoint messages and none given, {ANTHROPIC_KEY_ENV} is read too. "
+            f"API key; with --endpoint messages, {ANTHROPIC_KEY_ENV} is read before OPENAI_API_KEY. "
             "Never written to any file or log.",
             envvar="OPENAI_API_KEY",
             parse=lambda key: key or None,
@@ -349,7 +349,11 @@ class SendOptions:
     )
 
     def __post_init__(self) -> None:
-        # --api-key, then OPENAI_API_KEY (the option's own variable); a Messages run then tries
-        # Anthropic's variable, as Anthropic's clients do, from the CLI and from Python alike
-        if self.api_key is None and self.endpoint == "messages":
-            self.api_key = os.environ.get(ANTHROPIC_KEY_ENV) or None
+        # A Messages run reads Anthropic's variable, as Anthropic's clients do, from the CLI and
+        # from Python alike: before OPENAI_API_KEY (the option's own variable, which an OpenAI key
+        # in the environment would otherwise send to an Anthropic server), after --api-key
+        if self.endpoint != "messages":
+            return
+        from_openai_env = self.api_key is not None and self.api_key == os.environ.get("OPENAI_API_KEY")
+        if self.api_key is None or from_openai_env:
+            self.api_key = os.environ.get(ANTHROPIC_KEY_ENV) or self.api_key
