@@ -94,6 +94,26 @@ def test_prompts_all_alike_still_give_what_caching_saves_but_not_each_token_s_co
     assert saved["low"] <= 0.016 <= saved["high"] and saved["high"] - saved["low"] < 0.004
 
 
+def test_a_row_missing_a_count_or_a_band_end_is_left_out_of_that_fit_only() -> None:
+    frame = _requests(600)
+    banded = frame.with_columns(
+        (pl.col("energy_j") * 0.9).alias("energy_low_j"), (pl.col("energy_j") * 1.1).alias("energy_high_j")
+    )
+    whole = token_costs(banded)
+    holes = banded.with_columns(
+        pl.when(pl.int_range(pl.len()) == 0).then(None).otherwise(pl.col("prompt_tokens")).alias("prompt_tokens"),
+        pl.when(pl.int_range(pl.len()) == 1).then(None).otherwise(pl.col("energy_low_j")).alias("energy_low_j"),
+    )
+    costs = token_costs(holes)
+    assert costs["n"] == 599 and costs["reason"] is None  # the row without its prompt count left out
+    for term in LAW:
+        figure = costs[term]
+        assert all(np.isfinite([figure["estimate"], figure["low"], figure["high"]])), term
+        assert figure["low"] < figure["estimate"] < figure["high"]
+    # the band still reaches as far as the attribution's ends move the fit
+    assert costs["j_per_uncached_token"]["high"] == pytest.approx(whole["j_per_uncached_token"]["high"], rel=0.01)
+
+
 def test_what_the_data_cannot_say_is_null_with_its_reason() -> None:
     all_hits = token_costs(_requests(100, hit_share=1.0))
     assert all_hits["j_per_cached_token"] is None

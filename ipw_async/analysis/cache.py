@@ -113,26 +113,20 @@ def token_costs(requests: pl.DataFrame, meter: str = HEADLINE) -> dict[str, Any]
     prefix = "" if meter == HEADLINE else f"{meter}."
     energy = column(requests, f"{prefix}energy_j").to_numpy()
     prompt = column(requests, "prompt_tokens").to_numpy()
-    cached = column(requests, "cached_prompt_tokens").to_numpy()
-    output = column(requests, "output_tokens").to_numpy()
-    use = np.isfinite(energy) & np.isfinite(output)
-    design = np.column_stack([np.ones(use.sum()), prompt[use], -cached[use], output[use]])
+    use = np.isfinite(energy) & np.isfinite(_design(requests, np.ones(requests.height, dtype=bool))).all(axis=1)
+    design = _design(requests, use)
     reason = _unidentified(design)
     if reason is not None:
         return {"n": int(use.sum()), "reason": reason} | dict.fromkeys([*FIGURES, "cached_over_uncached"])
     fitted = _fit(design, energy[use])
-    bounds = [
-        _fit(design, column(requests, f"{prefix}energy_{side}_j").to_numpy()[use])
-        for side in ("low", "high")
-        if f"{prefix}energy_{side}_j" in requests.columns
-    ]
+    bounds = [_bound_fit(requests, f"{prefix}energy_{side}_j", use) for side in ("low", "high")]
     out: dict[str, Any] = {"n": int(use.sum()), "r2": fitted.r2, "reason": None}
     for name, weights in FIGURES.items():
         if not fitted.estimable(weights):
             out[name] = None
             continue
         estimate, half = fitted.figure(weights)
-        ends = [estimate - half, estimate + half, *(b.figure(weights)[0] for b in bounds)]
+        ends = [estimate - half, estimate + half, *(b.figure(weights)[0] for b in bounds if b is not None)]
         out[name] = {"estimate": estimate, "low": min(ends), "high": max(ends)}
     if out["j_per_uncached_token"] is None or out["j_per_uncached_token"]["low"] <= 0:
         out["j_per_uncached_token"] = out["j_per_cached_token"] = None
@@ -140,6 +134,26 @@ def token_costs(requests: pl.DataFrame, meter: str = HEADLINE) -> dict[str, Any]
         out["reason"] = UNRESOLVED[bool(np.std(lengths) < ALIKE * np.mean(lengths))]
     out["cached_over_uncached"] = _ratio_band(out["j_per_cached_token"], out["j_per_uncached_token"])
     return out
+
+
+def _bound_fit(requests: pl.DataFrame, name: str, use: np.ndarray) -> _Fit | None:
+    """The same fit through one side of the attribution band, over the rows that have it; None
+    where no row has it or too few do (the band is then the interval alone)."""
+    if name not in requests.columns:
+        return None
+    values = column(requests, name).to_numpy()
+    have = use & np.isfinite(values)
+    design = _design(requests, have)
+    return None if _unidentified(design) is not None else _fit(design, values[have])
+
+
+def _design(requests: pl.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """The fit's design matrix over ``rows``: 1, prompt tokens, −cached tokens, output tokens
+    (the coefficients of FIGURES' combinations)."""
+    prompt, cached, output = (
+        column(requests, name).to_numpy()[rows] for name in ("prompt_tokens", "cached_prompt_tokens", "output_tokens")
+    )
+    return np.column_stack([np.ones(int(rows.sum())), prompt, -cached, output])
 
 
 def _unidentified(design: np.ndarray) -> str | None:
