@@ -139,6 +139,33 @@ def _next_load(mode: str, found: Boundary, probed: set[float]) -> float | None:
     return None
 
 
+def _check_arguments(
+    base: RunConfig,
+    slos: list[Slo],
+    mode: str,
+    start: float,
+    max_load: float,
+    precision: float,
+    max_probes: int,
+    repeats: int,
+) -> None:
+    """ValueError for a search that cannot run, before anything (its folder) is made."""
+    if not slos:
+        raise ValueError("give at least one --slo, e.g. --slo ttft_p99=500ms")
+    if mode not in ("concurrency", "rate"):
+        raise ValueError("search over concurrency or rate")
+    if not 0 < start <= max_load or (mode == "concurrency" and start < 1):
+        raise ValueError("--start must be positive (at least 1 stream) and at most --max-load")
+    if not 0 < precision < 1:
+        raise ValueError("--precision is a share of the boundary, between 0 and 1 (e.g. 0.1)")
+    if max_probes < 2:
+        raise ValueError("--max-probes must be at least 2")
+    if repeats < 1:
+        raise ValueError("--repeats must be at least 1")
+    if base.trace is not None:
+        raise ValueError(NO_LEVELS_IN_A_TRACE)
+
+
 def run_search(
     base: RunConfig,
     slos: list[Slo],
@@ -154,20 +181,7 @@ def run_search(
     progress: Callable[[Probe, int], None] | None = None,
 ) -> SearchResult:
     """Search for the most load within ``slos``; blocking. Raises ValueError for bad arguments."""
-    if not slos:
-        raise ValueError("give at least one --slo, e.g. --slo ttft_p99=500ms")
-    if mode not in ("concurrency", "rate"):
-        raise ValueError("search over concurrency or rate")
-    if not 0 < start <= max_load or (mode == "concurrency" and start < 1):
-        raise ValueError("--start must be positive (at least 1 stream) and at most --max-load")
-    if not 0 < precision < 1:
-        raise ValueError("--precision is a share of the boundary, between 0 and 1 (e.g. 0.1)")
-    if max_probes < 2:
-        raise ValueError("--max-probes must be at least 2")
-    if repeats < 1:
-        raise ValueError("--repeats must be at least 1")
-    if base.trace is not None:  # refused before the folder is made: nothing left behind
-        raise ValueError(NO_LEVELS_IN_A_TRACE)
+    _check_arguments(base, slos, mode, start, max_load, precision, max_probes, repeats)
     out_dir.mkdir(parents=True, exist_ok=True)
     probes: list[Probe] = []
     stopped_by: signal.Signals | None = None
