@@ -154,14 +154,14 @@ def _prefix_dataset(path: Path, n: int, seed: int = 3) -> Path:
 async def test_a_prefix_cached_run_splits_by_hit_and_its_band_holds_the_simulator_s_truth(
     tmp_path: Path,
 ) -> None:
-    dataset = _prefix_dataset(tmp_path / "prefixes.jsonl", 200)
+    dataset = _prefix_dataset(tmp_path / "prefixes.jsonl", 140)
     with SimulatorProcess(SimConfig(engine=fast_engine(prefix_cache=True), output_median=16)) as sim:
         config = RunConfig(
             base_url=sim.base_url,
             output_dir=tmp_path / "run",
             telemetry="sim",
             concurrency=16,
-            max_queries=200,
+            max_queries=140,
             dataset=str(dataset),
             max_tokens=24,
             baseline_s=0.3,
@@ -170,7 +170,7 @@ async def test_a_prefix_cached_run_splits_by_hit_and_its_band_holds_the_simulato
         truth = httpx.get(f"{sim.root_url}/sim/truth", timeout=10).json()["requests"]
     report = cache_report(RunDir.open_finished(result.run_dir))
     hit, miss = report["groups"]["hit"], report["groups"]["miss"]
-    assert hit["requests"] > 100 and miss["requests"] > 30
+    assert hit["requests"] > 70 and miss["requests"] > 20
     assert hit["cached_share"] > 0.6 and miss["cached_share"] == 0.0
     assert hit["ttft_p50_s"] < miss["ttft_p50_s"]  # a cached prefix is not prefilled again
     estimate = report["per_token"]["headline"]

@@ -455,7 +455,10 @@ async def test_a_run_over_each_api_records_ttft_tokens_and_cached_tokens(
 ) -> None:
     # the built-in QA prompts share a few-shot preamble: a prefix-caching server skips it
     config = quick_config(
-        tmp_path, endpoint=endpoint, concurrency=2, sim=SimConfig(engine=fast_engine(prefix_cache=True))
+        tmp_path,
+        endpoint=endpoint,
+        concurrency=4,
+        sim=SimConfig(engine=fast_engine(prefix_cache=True), output_median=16),
     )
     result = await run_benchmark(config)
     frame = result.records.sort("request_id")

@@ -332,7 +332,9 @@ async def test_a_replay_says_once_what_it_skipped_and_run_json_and_the_summary_k
     path = tmp_path / "burstgpt.csv"
     path.write_text(BURSTGPT.replace("118,", "0.2,"))
     display = _Notes()
-    result = await run_benchmark(quick_config(tmp_path, trace=path, concurrency=None, max_queries=None), display)
+    # its entries 4.8 s apart: replayed 20 times faster
+    config = quick_config(tmp_path, trace=path, speedup=20.0, concurrency=None, max_queries=None)
+    result = await run_benchmark(config, display)
     assert result.records.height == 2
     skipped = [n for n in display.notes if "failed request" in n]
     assert skipped == ["note: skipped 1 failed request of burstgpt.csv (0 Response tokens)"]
@@ -373,7 +375,7 @@ async def test_a_sessions_replay_sends_each_turn_its_think_time_after_the_last_a
         ends = session.get_column("closed_ns").to_list()
         due = session.get_column("scheduled_ns").to_list()
         for k, think in ((1, 0.2), (2, 0.1)):  # the trace's think time over the speedup
-            assert due[k] - ends[k - 1] == pytest.approx(think * NS, abs=5_000_000)
+            assert due[k] - ends[k - 1] == pytest.approx(think * NS, abs=20_000_000)  # not 0, not twice
         # each turn sends the history before it: prompts grow, and the history is cached
         prompts = session.get_column("prompt_tokens").to_list()
         assert 200 <= prompts[0] <= 200 + CHAT_TEMPLATE_TOKENS and prompts[1] > 230 and prompts[2] > prompts[1]
