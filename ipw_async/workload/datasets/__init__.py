@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,17 +200,28 @@ _READERS = {
 }
 
 
-def _locate_bad_json_line(path: Path) -> str:
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
+def json_rows(path: Path, encoding: str = "utf-8", line: str = "line") -> Iterator[tuple[int, dict[str, Any]]]:
+    """Each non-blank line of a JSON-lines file as (its number, its object); DatasetError naming
+    the file and the ``line`` of the first that is not a JSON object."""
+    with path.open(encoding=encoding) as f:
+        for n, text in enumerate(f, start=1):
+            if not text.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(text)
             except json.JSONDecodeError as exc:
-                return f"{path} row {n}: not valid JSON ({exc.msg})"
+                raise DatasetError(f"{path} {line} {n}: not valid JSON ({exc.msg})") from None
             if not isinstance(row, dict):
-                return f"{path} row {n}: expected a JSON object, got {type(row).__name__}"
+                raise DatasetError(f"{path} {line} {n}: expected a JSON object, got {type(row).__name__}")
+            yield n, row
+
+
+def _locate_bad_json_line(path: Path) -> str:
+    try:
+        for _ in json_rows(path, line="row"):
+            pass
+    except DatasetError as exc:
+        return str(exc)
     return f"{path}: could not be read as JSON lines"
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..datasets import DatasetError
+from ..datasets import DatasetError, json_rows
 
 MOONCAKE_BLOCK_TOKENS = 512
 FORMATS = ("auto", "mooncake", "burstgpt", "azure", "sessions")
@@ -160,20 +160,6 @@ def _number(row: dict[str, Any], key: str, default: float | None = None) -> floa
 _ENCODING = "utf-8-sig"
 
 
-def _json_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open(encoding=_ENCODING) as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path} line {n}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise DatasetError(f"{path} line {n}: expected a JSON object, got {type(row).__name__}")
-            yield n, row
-
-
 def _csv_rows(path: Path, needed: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     with path.open(encoding=_ENCODING, newline="") as f:
         reader = csv.DictReader(f)
@@ -276,9 +262,9 @@ def _rows(path: Path, fmt: str) -> Iterator[Entry]:
     parse: Callable[[int, Any], Entry]
     rows: Iterator[tuple[int, Any]]
     if fmt == "mooncake":
-        rows, parse = _json_rows(path), _mooncake
+        rows, parse = json_rows(path, _ENCODING), _mooncake
     elif fmt == "sessions":
-        rows, parse = _json_rows(path), _session
+        rows, parse = json_rows(path, _ENCODING), _session
     elif fmt == "burstgpt":
         rows, parse = _csv_rows(path, _BURSTGPT_COLUMNS), _burstgpt
     else:
