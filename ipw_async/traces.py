@@ -52,8 +52,10 @@ class TurnTrace:
     tools_called: list[ToolCall] = field(default_factory=list)
 
     @property
-    def tool_latency_s(self) -> float:
-        return sum(t.latency_s or 0.0 for t in self.tools_called)
+    def tool_latency_s(self) -> float | None:
+        """The turn's tool time; null when a call's latency was not measured (a trace written
+        elsewhere), rather than counting it as no time."""
+        return _total((t.latency_s for t in self.tools_called), empty=0.0)
 
     def as_dict(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in _TURN_FIELDS}
@@ -127,9 +129,12 @@ def _known(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in raw.items() if k in names}
 
 
-def _total(values: Iterable[float | None]) -> float | None:
+def _total(values: Iterable[float | None], empty: float | None = None) -> float | None:
+    """The sum, null when any value is (missing is not zero); ``empty`` when there are none."""
     items = list(values)
-    return None if not items or any(v is None for v in items) else sum(items)  # type: ignore[arg-type]
+    if not items:
+        return empty
+    return None if any(v is None for v in items) else sum(items)  # type: ignore[arg-type]
 
 
 def parse_price(text: str | None) -> tuple[float, float] | None:
@@ -223,10 +228,11 @@ def traces_from_tasks(
     (by request id)."""
     traces = []
     for i, task in enumerate(tasks):
-        turns, think = [], 0.0
+        turns, think, lost = [], 0.0, False
         for logged in task["turns"]:
             row = rows.get(logged["request_id"])
             if row is None:  # a call the records file lost (a crash before its flush)
+                lost = True
                 continue
             turn = _turn(row, prices, logged["turn_index"])
             turn.think_s = logged.get("think_s")
@@ -248,8 +254,9 @@ def traces_from_tasks(
         wall = None
         if task.get("ended_ns") is not None:
             wall = (task["ended_ns"] - task["scheduled_ns"]) / NS
-        model = sum(t.stream_time_s or 0.0 for t in turns)
-        tool = sum(t.tool_latency_s for t in turns)
+        # A lost call's or an unmeasured part's time is unknown, so is the queue's (the rest)
+        model = None if lost else _total((t.stream_time_s for t in turns), empty=0.0)
+        tool = None if lost else _total((t.tool_latency_s for t in turns), empty=0.0)
         traces.append(
             QueryTrace(
                 **{key: task[key] for key in _SHARED},
@@ -261,7 +268,7 @@ def traces_from_tasks(
                 model_s=model,
                 tool_s=tool,
                 think_s=think,
-                queue_s=None if wall is None else max(0.0, wall - model - tool - think),
+                queue_s=None if None in (wall, model, tool) else max(0.0, wall - model - tool - think),  # type: ignore[operator]
                 tool_wait_device_j=None if tool_wait_j is None else tool_wait_j[i],
                 judge_error=task.get("judge_error"),
             )
