@@ -56,7 +56,7 @@ draws where it is worse than ``tokens`` and where worse than ``equal``, and (wid
 median p95 over the draws with and without each effect.
 
 With ``--ablation`` it runs the default physics with every effect absent (``none``), then with
-each effect alone at its representative setting (``ipw_async.sim.engine.EFFECTS``), at
+each effect alone at its representative setting (``ipw_async.sim.physics.EFFECTS``), at
 concurrency 16 and 64 (16 only with ``--quick``), a 100 ms counter and the cases' synthetic
 workload (prompt 256, output 128 tokens, length sigma 0.4), and prints each run as above, then
 a table: per effect and concurrency the default's p95, its band holds, the p95 of ``tokens``,
