@@ -30,6 +30,7 @@ from ipw_async.client import (
     list_models,
 )
 from ipw_async.harness import RunConfig
+from ipw_async.harness.send_options import parse_params
 from ipw_async.proxy.call import read_call
 from ipw_async.records import ErrorType, RequestRecord, Status
 from ipw_async.sim import SimConfig
@@ -308,8 +309,8 @@ def test_each_api_gets_its_own_body_and_params_go_over_everything() -> None:
         return json.loads(defaults.encode(fields))
 
     assert body("responses") == {
-        "model": "m", "stream": True, "max_output_tokens": 64, "temperature": 0.7, "instructions": "Be brief.",
-        "input": [{"role": "user", "content": "Hi"}],
+        "model": "m", "stream": True, "store": False, "max_output_tokens": 64, "temperature": 0.7,
+        "instructions": "Be brief.", "input": [{"role": "user", "content": "Hi"}],
     }  # fmt: skip
     assert body("messages") == {
         "model": "m", "stream": True, "max_tokens": 64, "temperature": 0.7, "system": "Be brief.",
@@ -318,6 +319,15 @@ def test_each_api_gets_its_own_body_and_params_go_over_everything() -> None:
     assert (
         body("chat")["stream_options"] == {"include_usage": True} and body("chat")["stop"] == fields["stop"]
     )
+
+
+def test_a_responses_body_asks_not_to_be_stored_unless_a_param_says_so() -> None:
+    def stored(params: list[str]) -> object:
+        defaults = BodyDefaults("m", 8, params=parse_params(params), endpoint="responses")
+        return json.loads(defaults.encode({"messages": [{"role": "user", "content": "Hi"}]}))["store"]
+
+    assert stored([]) is False and stored(["store=true"]) is True
+    assert "store" not in json.loads(BodyDefaults("m", 8).encode({"prompt": "Hi"}))  # OpenAI stores chat only when asked
 
 
 def test_a_tool_calling_turn_is_written_in_each_apis_words() -> None:

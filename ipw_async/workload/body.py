@@ -25,6 +25,9 @@ class BodyDefaults:
         limit = max_tokens or self.max_tokens
         body: dict[str, Any] = {"model": self.model, "stream": True}
         if self.endpoint == "responses":
+            # hosted OpenAI keeps every response unless told not to: a benchmark would leave
+            # thousands behind (``--param store=true`` keeps them)
+            body["store"] = False
             body["max_output_tokens"] = limit
             fields = _responses(fields)
         elif self.endpoint == "messages":
