@@ -31,6 +31,9 @@ from ipw_async.cli import app
 from ipw_async.harness import RunConfig
 from ipw_async.harness.sweep import run_sweep
 from ipw_async.rundir import RunDir, files
+from ipw_async.sim import SimConfig, SimulatorProcess
+
+from .conftest import fast_engine
 
 SWEEP_FILES = {
     "raw_runs.csv",
@@ -230,17 +233,68 @@ def test_cli_sweep_rejects_an_unknown_run_option(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--bogus" in result.output
 
 
-@pytest.mark.parametrize("command", [["sweep", "-c", "1,2"], ["search", "--slo", "ttft_p90=80ms"]])
-def test_a_sweep_or_search_of_a_trace_is_refused_in_one_line_before_anything_runs(
-    tmp_path: Path, command: list[str]
+def test_a_sweep_over_a_traces_speed_replays_it_once_a_speedup_each_from_an_empty_prefix_cache(
+    tmp_path: Path,
+) -> None:
+    # 6 requests 100 ms apart (10/s), all opening with block 1: a point that found the cache an
+    # earlier point left would hit it on its first request
+    trace = tmp_path / "mooncake.jsonl"
+    rows = [{"timestamp": 100 * i, "input_length": 600, "output_length": 4, "hash_ids": [1, 10 + i]} for i in range(6)]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "sweep"
+    with SimulatorProcess(SimConfig(engine=fast_engine(prefix_cache=True), output_median=4)) as sim:
+        args = ["sweep", "--trace", str(trace), "--speedup", "5,20", "--repeats", "1", "-o", str(out)]
+        run_options = ["--base-url", sim.base_url, "--telemetry", "sim", "--baseline-s", "0", "-q"]
+        result = CliRunner().invoke(app, [*args, *run_options])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "sweep" / "summary.json").read_text())
+    assert summary["mode"] == "speedup" and summary["prefix_cache_reset"] == "done"
+    assert summary["trace"]["rate_per_s"] == pytest.approx(10.0)
+    assert summary["trace"]["offered_per_s"] == pytest.approx({"x5": 50.0, "x20": 200.0})
+    runs = read_csv(out / "sweep" / "raw_runs.csv")
+    assert [(r["level"], r["value"], r["status"], r["requests_measured"]) for r in runs] == [
+        ("x5", "5.0", "ok", "6"),
+        ("x20", "20.0", "ok", "6"),
+    ]
+    for speedup in (5, 20):
+        frame = RunDir.open(out / f"x{speedup}_r0").records.sort("request_id")
+        scheduled = frame["scheduled_ns"].to_numpy()
+        assert (scheduled - scheduled[0]).tolist() == [i * 100_000_000 // speedup for i in range(6)]
+        assert frame["cached_prompt_tokens"][0] == 0  # the cache emptied before this point
+
+
+def test_a_python_sweep_over_speedups_refuses_a_speedup_of_its_own(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 8, "output_length": 2}\n')
+    base = RunConfig(trace=trace, speedup=3.0)
+    with pytest.raises(ValueError, match=r"replace the run's speedup \(3\)"):
+        run_sweep(base, None, None, 1, tmp_path / "sweep", {}, speedups=[1.0, 2.0])
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (["sweep", "-c", "1,2", "--trace", "{trace}"], "sweep its speed with --speedup 0.5,1,2,4 instead"),
+        (["sweep", "--trace", "{trace}"], "give the levels as --speedup 0.5,1,2,4"),
+        (["sweep", "--trace", "{trace}", "--speedup", "1,0"], "must be positive factors, e.g. 0.5,1,2,4, not 0"),
+        (["sweep", "--trace", "{trace}", "--speedup", "-2"], "not -2"),
+        (["sweep", "--speedup", "1,2"], "--speedup levels are the speeds of a replayed trace: add --trace FILE"),
+        (["sweep", "--trace", "{missing}", "--speedup", "1,2"], "trace file not found"),
+        (["search", "--slo", "ttft_p90=80ms", "--trace", "{trace}"], "ipw-async sweep --trace FILE --speedup"),
+    ],
+)
+def test_a_sweep_or_search_a_trace_cannot_take_is_refused_in_one_line_before_anything_runs(
+    tmp_path: Path, command: list[str], says: str
 ) -> None:
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 8, "output_length": 2}\n')
+    paths = {"trace": str(trace), "missing": str(tmp_path / "none.jsonl")}
     out = tmp_path / "sweep"
-    result = CliRunner().invoke(app, [*command, "-o", str(out), "--trace", str(trace)])
+    result = CliRunner().invoke(app, [*(a.format_map(paths) for a in command), "-o", str(out)])
     assert result.exit_code == 2
     message = " ".join(result.output.split())  # the terminal may wrap the line
-    assert "--trace replays one schedule" in message and "ipw-async run --trace FILE --speedup X" in message
+    assert says in message and len(result.output.strip().splitlines()) <= 3, result.output
     assert not out.exists()  # refused before any run started
 
 

@@ -97,7 +97,12 @@ def _load_axis(ax: Axes, mode: str, stats: list[dict[str, Any]], tasks: bool = F
     ax.set_xticks(values, [f"{v:g}" for v in values])
     ax.minorticks_off()
     unit = "tasks" if tasks else "requests"
-    ax.set_xlabel(f"concurrency ({unit} in flight)" if mode == "concurrency" else f"arrival rate ({unit}/s)")
+    ax.set_xlabel(
+        {
+            "concurrency": f"concurrency ({unit} in flight)",
+            "speedup": "trace speedup (× its own arrival times)",
+        }.get(mode, f"arrival rate ({unit}/s)")
+    )
 
 
 def mark_knee(ax: Axes, name: str, knee: dict[str, Any]) -> None:

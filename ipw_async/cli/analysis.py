@@ -188,6 +188,14 @@ def sweep(
             help="Arrival rates (requests/s) to run instead, comma-separated, e.g. 1,2,5.", show_default=False
         ),
     ] = None,
+    speedup: Annotated[
+        str | None,
+        typer.Option(
+            help="With --trace: the speeds to replay it at, comma-separated, e.g. 0.5,1,2,4 (each level "
+            "one replay, its times over the speedup).",
+            show_default=False,
+        ),
+    ] = None,
     repeats: Annotated[int, typer.Option(help="Runs per level; repeat r uses seed + r.")] = 3,
     output_dir: Annotated[
         Path | None,
@@ -238,9 +246,9 @@ def sweep(
         ),
     ] = True,
 ) -> None:
-    """Run the benchmark at several concurrency levels (or rates), repeated, with statistics and plots.
+    """Run the benchmark at several concurrency levels (or rates, or a --trace's speedups), repeated, with statistics and plots.
 
-    Any `ipw-async run` option may follow (e.g. -n 100 --dataset synthetic --base-url URL); every run draws the same queries (same dataset and --max-queries); repeat r runs with seed + r (arrivals and the simulator), while synthetic lengths keep the base seed so every repeat sends the same queries.
+    Any `ipw-async run` option may follow (e.g. -n 100 --dataset synthetic --base-url URL); every run draws the same queries (same dataset and --max-queries); repeat r runs with seed + r (arrivals and the simulator), while synthetic lengths keep the base seed so every repeat sends the same queries. With --trace FILE the levels are its speedups (--speedup 0.5,1,2,4), each one replay of the trace; the table gives the rate each offers.
 
     Writes raw_runs.csv, summary_stats.csv/.json, the Pareto frontiers, summary.json (levels accepted or rejected by the constraints or for over-saturation, the best, and the throughput and energy knees), plots and report.html under OUTPUT_DIR/sweep/. Ctrl-C, SIGTERM or SIGHUP stops the sweep (exit 130, 143, 129) and still writes the results of the runs that finished.
     """
@@ -273,6 +281,7 @@ def sweep(
             progress=None if quiet else _progress_line,
             reset_prefix_cache=reset_prefix_cache,
             note=lambda line: err.print(f"[yellow]note:[/] {escape(line)}"),
+            speedups=_numbers(speedup, float, "--speedup"),
         )
     except ValueError as exc:
         raise fail(str(exc)) from None
@@ -319,10 +328,14 @@ def _sweep_table(result: SweepResult) -> Table:
         if tasks
         else ("level", "runs ok", "J/query ± CI", "J/token ± CI", "tok/s", "TTFT p50", "verdict")
     )
+    trace = result.summary.get("trace")
+    if trace is not None:  # a speedup's load in the trace's own units a second
+        columns = (columns[0], f"offered {trace['unit']}/s", *columns[1:])
     for col in columns:
         table.add_column(col, justify="left" if col in ("level", "verdict") else "right")
     for lv in result.levels:
         s = lv["stats"]
+        offered = () if trace is None else (fmt(trace["offered_per_s"][lv["level"]], ",.3g"),)
         if tasks:
             figures = (
                 f"{fmt(s['j_per_task']['mean'], ',.3g')} ± {fmt(s['j_per_task']['ci95'], '.2g')}",
@@ -338,6 +351,7 @@ def _sweep_table(result: SweepResult) -> Table:
             )
         table.add_row(
             lv["level"],
+            *offered,
             f"{lv['ok_runs']}/{lv['runs']}",
             *figures,
             fmt(s["ttft_p50_s"]["mean"] and s["ttft_p50_s"]["mean"] * 1000, ",.1f", " ms"),

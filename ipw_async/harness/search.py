@@ -37,7 +37,7 @@ from ..rundir import files
 from ..rundir.lifecycle import slug
 from .config import RunConfig
 from .live import Display, run_benchmark
-from .sweep import NO_LEVELS_IN_A_TRACE, level_config
+from .sweep import level_config
 
 # An over-saturated probe never settled, so its SLO figures describe no steady state; it fails
 # as a probe whose tightest SLO was missed by its whole limit would.
@@ -163,7 +163,10 @@ def _check_arguments(
     if repeats < 1:
         raise ValueError("--repeats must be at least 1")
     if base.trace is not None:
-        raise ValueError(NO_LEVELS_IN_A_TRACE)
+        raise ValueError(
+            "--trace replays one schedule, the trace's own times, with no concurrency or rate to search: "
+            "sweep its speed instead, with `ipw-async sweep --trace FILE --speedup 0.5,1,2,4`"
+        )
 
 
 def run_search(

@@ -1,9 +1,11 @@
 """``sweep``: the same benchmark at several load levels, repeated, with statistics over repeats.
 
-Each level (a concurrency or an arrival rate) runs ``repeats`` times with seed = seed + r,
-each into its own run directory ``<out_dir>/<level>_r<r>``; the sweep's own files go to
-``<out_dir>/sweep/``. A run that fails is recorded as failed and the sweep goes on; Ctrl-C
-(or SIGTERM, SIGHUP) stops it and the files are still written from the runs that finished.
+Each level (a concurrency, an arrival rate, or a ``--trace``'s speedup) runs ``repeats`` times
+with seed = seed + r, each into its own run directory ``<out_dir>/<level>_r<r>``; the sweep's own
+files go to ``<out_dir>/sweep/``. A trace's level ``x2`` replays it twice as fast: the speedup is
+its load, and the summary gives the rate that offers (``trace.offered_per_s``). A run that fails
+is recorded as failed and the sweep goes on; Ctrl-C (or SIGTERM, SIGHUP) stops it and the files
+are still written from the runs that finished.
 
 Before each run against a server (``--base-url``) the sweep empties the server's prefix cache
 where it can, so no point hits what an earlier point cached: ``POST {server root}/reset_prefix_cache``
@@ -39,6 +41,8 @@ from ..rundir import files
 from ..rundir.lifecycle import slug
 from ..rundir.manifest import Manifest, RunDirError
 from ..telemetry.http import redact_url
+from ..workload import DatasetError
+from ..workload.replay import load_trace
 from .config import RunConfig
 from .live import Display, run_benchmark
 
@@ -50,26 +54,67 @@ def default_sweep_dir(base: RunConfig) -> Path:
     return base.runs_root / f"sweep_{stamp}_{slug(name)}"
 
 
-NO_LEVELS_IN_A_TRACE = (
-    "--trace replays one schedule, the trace's own times, with no concurrency or rate to vary: "
-    "run it with `ipw-async run --trace FILE --speedup X`, once per speedup"
-)
+SPEEDUP = "speedup"  # the mode of a sweep over a --trace
+
+
+def sweep_levels(
+    base: RunConfig, concurrency: list[int] | None, rates: list[float] | None, speedups: list[float] | None
+) -> tuple[str, list[Level]]:
+    """What the sweep varies and its levels: a --trace's speedups, else a concurrency or a rate;
+    ValueError for levels the runs could not take."""
+    if base.trace is None:
+        if speedups:
+            raise ValueError("--speedup levels are the speeds of a replayed trace: add --trace FILE")
+        return levels_of(concurrency, rates)
+    if concurrency or rates:
+        raise ValueError(
+            "a --trace sets the load by its own times: sweep its speed with --speedup 0.5,1,2,4 "
+            "instead of --concurrency or --rate"
+        )
+    if not speedups:
+        raise ValueError("a sweep over a --trace varies its speed: give the levels as --speedup 0.5,1,2,4")
+    if base.speedup != 1.0:  # a Python caller's own speedup would be silently replaced
+        raise ValueError(f"a sweep's --speedup levels replace the run's speedup ({base.speedup:g}): leave it at 1")
+    bad = next((x for x in speedups if not x > 0), None)  # NaN too
+    if bad is not None:
+        raise ValueError(f"--speedup levels must be positive factors, e.g. 0.5,1,2,4, not {bad:g}")
+    return SPEEDUP, [Level(f"x{x:g}", x, None, None) for x in speedups]
 
 
 def level_config(base: RunConfig, level: Level, repeat: int, out_dir: Path) -> RunConfig:
-    """The base config at this level and repeat: same dataset slice, seed + repeat. ValueError
-    for a --trace: every run would be refused the level it was given (a sweep's, a search's)."""
-    if base.trace is not None:
-        raise ValueError(NO_LEVELS_IN_A_TRACE)
+    """The base config at this level and repeat: same dataset slice, seed + repeat; a --trace's
+    level is its speedup."""
     seed = base.seed + repeat
     return dataclasses.replace(
         base,
         concurrency=level.concurrency,
         rate=level.rate,
+        speedup=base.speedup if base.trace is None else level.value,
         seed=seed,
         dataset_seed=base.seed if base.dataset_seed is None else base.dataset_seed,
         output_dir=out_dir / f"{level.label}_r{repeat}",
     )
+
+
+def offered(base: RunConfig, levels: list[Level]) -> dict[str, Any]:
+    """What a sweep's summary says of the trace its levels replay: the trace, and the units
+    (requests, or a sessions trace's sessions) a second it offers at each level: the trace's own
+    rate over the units a run measures (after its warm-up, up to --max-queries) times the level's
+    speedup; None where they all arrive at once. ValueError for a trace that cannot be read."""
+    assert base.trace is not None
+    try:
+        trace = load_trace(base.trace, base.trace_format)
+    except DatasetError as exc:
+        raise ValueError(str(exc)) from None
+    units = trace.sessions if trace.format == "sessions" else trace.requests
+    measured = units[base.warmup :][: base.max_queries]
+    span_s = (measured[-1].offset_ns - measured[0].offset_ns) / 1e9 if measured else 0.0
+    rate = (len(measured) - 1) / span_s if span_s > 0 else None
+    return trace.describe() | {
+        "unit": "sessions" if trace.format == "sessions" else "requests",
+        "rate_per_s": rate,
+        "offered_per_s": {lv.label: None if rate is None else rate * lv.value for lv in levels},
+    }
 
 
 RESET_PATH = "/reset_prefix_cache"
@@ -222,20 +267,21 @@ def run_sweep(
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
     reset_prefix_cache: bool = True,
     note: Callable[[str], None] = lambda _: None,
+    speedups: list[float] | None = None,
 ) -> SweepResult:
     """Run every level ``repeats`` times and write ``<out_dir>/sweep/``; blocking.
 
+    The levels are ``concurrency`` or ``rates``, or with a ``base.trace`` its ``speedups``.
     ``display`` shows each run's progress (None: nothing); ``progress(row, done, total)`` is
     called after each run; ``note`` hears what the sweep has to say once (a server that cannot
     reset its prefix cache). ``reset_prefix_cache``: empty the server's prefix cache before
     each run. Raises ValueError for bad arguments before running anything.
     """
-    if base.trace is not None:  # before anything runs; level_config would refuse the first level
-        raise ValueError(NO_LEVELS_IN_A_TRACE)
-    mode, levels = levels_of(concurrency, rates)
+    mode, levels = sweep_levels(base, concurrency, rates, speedups)
     if repeats < 1:
         raise ValueError("--repeats must be at least 1")
     limits = validate(constraints)
+    trace = None if base.trace is None else offered(base, levels)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     total = len(levels) * repeats
@@ -268,5 +314,7 @@ def run_sweep(
     simulated = base.base_url is None or any(row["simulated"] for row in rows)
     result = write_sweep(out_dir, mode, levels, rows, limits, base.public(), simulated, repeats, interrupted)
     result.summary["prefix_cache_reset"] = resets.summary
+    if trace is not None:
+        result.summary["trace"] = trace
     files.write_json(result.sweep_dir / "summary.json", result.summary)
     return result
