@@ -32,6 +32,7 @@ of the measurement.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.ipc as ipc
 
 from ..records import end_ns
 from ..rundir import files
@@ -125,7 +128,7 @@ def write_ipw_dataset(run_dir: Path, table: pl.DataFrame) -> Path:
     """Write ``table`` as ``run_dir/dataset``, replacing an earlier one; returns the directory."""
     out = run_dir / files.DATASET
     out.mkdir(exist_ok=True)
-    files.write_frame(table, out / DATA_FILE)
+    fingerprint = _write_stream(table, out / DATA_FILE)
     files.write_json(
         out / "dataset_info.json",
         {
@@ -140,7 +143,7 @@ def write_ipw_dataset(run_dir: Path, table: pl.DataFrame) -> Path:
         {
             "_data_files": [{"filename": DATA_FILE}],
             # datasets caches transforms by fingerprint: the data's own hash keeps it honest
-            "_fingerprint": hashlib.sha256((out / DATA_FILE).read_bytes()).hexdigest()[:16],
+            "_fingerprint": fingerprint,
             "_format_columns": None,
             "_format_kwargs": {},
             "_format_type": None,
@@ -149,6 +152,52 @@ def write_ipw_dataset(run_dir: Path, table: pl.DataFrame) -> Path:
         },
     )
     return out
+
+
+class _HashingFile:
+    """A write-only file object for pyarrow: each buffer it is handed goes to the file and into
+    a SHA-256, so the data is hashed as it is written rather than read back afterwards."""
+
+    closed = False
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self.sha256 = hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        size = len(view)
+        self.sha256.update(view)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        return size
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+            self.closed = True
+
+
+def _write_stream(table: pl.DataFrame, path: Path) -> str:
+    """Write ``table`` as ``files.write_frame`` does (the same bytes: an Arrow IPC stream with an
+    empty first batch, written aside and renamed into place) and return its fingerprint.
+
+    ``write_frame`` copies every batch twice on its way to the disk, and hashing meant reading
+    the file back: at 100,000 queries (256 MB) that was 1.5 s, most of the exports' time."""
+    arrow = files.to_arrow(table)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    sink = _HashingFile(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+    try:
+        with ipc.new_stream(pa.PythonFile(sink, mode="w"), arrow.schema) as writer:
+            writer.write_batch(pa.RecordBatch.from_pylist([], schema=arrow.schema))
+            writer.write_table(arrow)
+    finally:
+        sink.close()
+    os.replace(tmp, path)
+    return sink.sha256.hexdigest()[:16]
 
 
 def export_ipw(run_dir: RunDir | str | Path) -> Path:
@@ -238,20 +287,34 @@ def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
 
 
 def _struct(fields: dict[str, Any], height: int) -> pl.Series:
-    """Nested dicts of per-row arrays (or constants) as one polars struct column; NaN is null."""
-    columns: dict[str, pl.Series] = {}
+    """Nested dicts of per-row arrays (or constants) as one polars struct column; NaN is null.
+
+    Built by one ``select`` over every leaf at once, constants without a Python list per row:
+    a frame and a select per nested dict were an eighth of ``ipw_table`` at 1,000 queries."""
+    leaves: list[pl.Series] = []
+    struct = _struct_of(fields, height, leaves)
+    return pl.DataFrame(leaves).select(struct).to_series()
+
+
+def _struct_of(fields: dict[str, Any], height: int, leaves: list[pl.Series]) -> pl.Expr:
+    """The struct of ``fields``, its leaves added to ``leaves`` under names of their own."""
+    parts = []
     for name, value in fields.items():
         if isinstance(value, dict):
-            columns[name] = _struct(value, height).alias(name)
-        elif isinstance(value, np.ndarray) and value.dtype.kind == "f":
-            columns[name] = pl.Series(name, value, dtype=pl.Float64).fill_nan(None)
+            parts.append(_struct_of(value, height, leaves).alias(name))
+            continue
+        leaf = f"_{len(leaves)}"
+        if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+            leaves.append(pl.Series(leaf, value, dtype=pl.Float64).fill_nan(None))
         elif isinstance(value, pl.Series):
-            columns[name] = value.alias(name)
+            leaves.append(value.alias(leaf))
         elif isinstance(value, _Unknown):  # null, in the type the field has where it is known
-            columns[name] = pl.Series(name, [None] * height, dtype=value.dtype)
+            leaves.append(pl.Series(leaf, [None], dtype=value.dtype).new_from_index(0, height))
         else:  # one value for every row (a field nothing here measures, the host's)
-            columns[name] = pl.Series(name, [value] * height, dtype=_CONSTANT_TYPES.get(type(value)))
-    return pl.DataFrame(columns).select(pl.struct(pl.all())).to_series()
+            one = pl.Series(leaf, [value], dtype=_CONSTANT_TYPES.get(type(value)))
+            leaves.append(one.new_from_index(0, height))
+        parts.append(pl.col(leaf).alias(name))
+    return pl.struct(parts)
 
 
 @dataclass(frozen=True)
