@@ -9,6 +9,7 @@ the file in one ``write`` call, so a killed process leaves whole batches behind.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import os
@@ -120,14 +121,45 @@ class StreamWriter:
             self._fd = None
 
 
-def write_frame(frame: pl.DataFrame, path: Path) -> None:
-    """Write a whole frame as an Arrow IPC stream, atomically: readers never see half of it."""
+class _FileSink:
+    """A write-only file object for pyarrow: what it is handed goes straight to the file (and
+    into ``digest``), with no copy on the way; a whole frame needs no batch kept back."""
+
+    closed = False
+
+    def __init__(self, fd: int, digest: Any = None) -> None:
+        self._fd = fd
+        self.digest = digest
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        size = len(view)
+        if self.digest is not None:
+            self.digest.update(view)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        return size
+
+    def flush(self) -> None:
+        pass
+
+
+def write_frame(frame: pl.DataFrame, path: Path, digest: bool = False) -> str | None:
+    """Write a whole frame as an Arrow IPC stream (an empty first batch, as a run's streams
+    start), atomically: readers never see half of it. With ``digest``, the SHA-256 of the bytes
+    written (hex), taken as they go out rather than by reading the file back."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     table = to_arrow(frame)
-    writer = StreamWriter(tmp, table.schema)
-    writer.write(table)
-    writer.close()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sink = _FileSink(fd, hashlib.sha256() if digest else None)
+    try:
+        with ipc.new_stream(pa.PythonFile(sink, mode="w"), table.schema) as writer:
+            writer.write_batch(pa.RecordBatch.from_pylist([], schema=table.schema))
+            writer.write_table(table)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
+    return None if sink.digest is None else sink.digest.hexdigest()
 
 
 def write_parquet(frame: pl.DataFrame, path: Path) -> None:
