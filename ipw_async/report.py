@@ -84,7 +84,6 @@ def describe_model(model: dict[str, Any]) -> str:
     )
 
 
-# each fitted parameter's key in a power model's summary
 # each fitted parameter's key in the summary's model, as the parameters' table names it
 _PARAM_KEYS = {row.name: row.key or row.attribute for row in PARAMETERS if row.attribute}
 

@@ -254,8 +254,9 @@ def traces_from_tasks(
         wall = None
         if task.get("ended_ns") is not None:
             wall = (task["ended_ns"] - task["scheduled_ns"]) / NS
-        # A lost call's or an unmeasured part's time is unknown, so is the queue's (the rest)
-        model = None if lost else _total((t.stream_time_s for t in turns), empty=0.0)
+        # A lost call's time is unknown, and an unmeasured tool wait's, so then is the queue's
+        # (the rest); a call that never reached the server (no stream time) spent none there
+        model = None if lost else sum(t.stream_time_s or 0.0 for t in turns)
         tool = None if lost else _total((t.tool_latency_s for t in turns), empty=0.0)
         traces.append(
             QueryTrace(

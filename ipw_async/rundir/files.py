@@ -156,8 +156,11 @@ def write_frame(frame: pl.DataFrame, path: Path, digest: bool = False) -> str | 
         with ipc.new_stream(pa.PythonFile(sink, mode="w"), table.schema) as writer:
             writer.write_batch(pa.RecordBatch.from_pylist([], schema=table.schema))
             writer.write_table(table)
-    finally:
+    except BaseException:
         os.close(fd)
+        tmp.unlink(missing_ok=True)  # half a frame is no file to leave behind
+        raise
+    os.close(fd)
     os.replace(tmp, path)
     return None if sink.digest is None else sink.digest.hexdigest()
 
