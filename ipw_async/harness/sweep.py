@@ -294,9 +294,9 @@ def run_sweep(
             rows.append(row)
             assert config.output_dir is not None
             previous = _run_id(config.output_dir)
-            resets.before_run()  # never raises: a reset that fails is noted, and the run goes on
             try:
                 stops.check()  # a signal between two runs stops the sweep before the next
+                resets.before_run()  # a reset that fails is noted, and the run goes on
                 run_loop(run_benchmark(config, display))
                 row["status"] = "ok"
             except RunError as exc:
