@@ -269,7 +269,9 @@ def traces_from_tasks(
                 model_s=model,
                 tool_s=tool,
                 think_s=think,
-                queue_s=None if None in (wall, model, tool) else max(0.0, wall - model - tool - think),  # type: ignore[operator]
+                queue_s=None
+                if wall is None or model is None or tool is None
+                else max(0.0, wall - model - tool - think),
                 tool_wait_device_j=None if tool_wait_j is None else tool_wait_j[i],
                 judge_error=task.get("judge_error"),
             )

@@ -31,6 +31,7 @@ of the measurement.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,8 +125,8 @@ def write_ipw_dataset(run_dir: Path, table: pl.DataFrame) -> Path:
     """Write ``table`` as ``run_dir/dataset``, replacing an earlier one; returns the directory."""
     out = run_dir / files.DATASET
     out.mkdir(exist_ok=True)
-    fingerprint = files.write_frame(table, out / DATA_FILE, digest=True)
-    assert fingerprint is not None  # asked for
+    fingerprint = hashlib.sha256()
+    files.write_frame(table, out / DATA_FILE, fingerprint)
     files.write_json(
         out / "dataset_info.json",
         {
@@ -140,7 +141,7 @@ def write_ipw_dataset(run_dir: Path, table: pl.DataFrame) -> Path:
         {
             "_data_files": [{"filename": DATA_FILE}],
             # datasets caches transforms by fingerprint: the data's own hash keeps it honest
-            "_fingerprint": fingerprint[:16],
+            "_fingerprint": fingerprint.hexdigest()[:16],
             "_format_columns": None,
             "_format_kwargs": {},
             "_format_type": None,

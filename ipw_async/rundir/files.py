@@ -9,7 +9,6 @@ the file in one ``write`` call, so a killed process leaves whole batches behind.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 import os
@@ -91,12 +90,11 @@ class StreamWriter:
         os.replace(target, path)
 
     def _emit(self) -> None:
-        data = memoryview(self._chunks.take())
+        data = self._chunks.take()
         assert self._fd is not None, "write after close"
         size = len(data)
         try:
-            while data:
-                data = data[os.write(self._fd, data) :]
+            _write_all(self._fd, data)
         except OSError:
             # disk full (or a file-size limit) mid-batch: cut back to the last whole batch so
             # the file stays a readable stream, then let the caller say what happened
@@ -121,6 +119,13 @@ class StreamWriter:
             self._fd = None
 
 
+def _write_all(fd: int, data: Any) -> None:
+    """All of ``data`` to ``fd`` (a write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 class _FileSink:
     """A write-only file object for pyarrow: what it is handed goes straight to the file (and
     into ``digest``), with no copy on the way; a whole frame needs no batch kept back."""
@@ -132,26 +137,23 @@ class _FileSink:
         self.digest = digest
 
     def write(self, data: Any) -> int:
-        view = memoryview(data)
-        size = len(view)
         if self.digest is not None:
-            self.digest.update(view)
-        while view:
-            view = view[os.write(self._fd, view) :]
-        return size
+            self.digest.update(data)
+        _write_all(self._fd, data)
+        return memoryview(data).nbytes
 
     def flush(self) -> None:
         pass
 
 
-def write_frame(frame: pl.DataFrame, path: Path, digest: bool = False) -> str | None:
+def write_frame(frame: pl.DataFrame, path: Path, digest: Any = None) -> None:
     """Write a whole frame as an Arrow IPC stream (an empty first batch, as a run's streams
-    start), atomically: readers never see half of it. With ``digest``, the SHA-256 of the bytes
-    written (hex), taken as they go out rather than by reading the file back."""
+    start), atomically: readers never see half of it. ``digest`` (a ``hashlib`` object) takes
+    the bytes as they go out, rather than by reading the file back."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     table = to_arrow(frame)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    sink = _FileSink(fd, hashlib.sha256() if digest else None)
+    sink = _FileSink(fd, digest)
     try:
         with ipc.new_stream(pa.PythonFile(sink, mode="w"), table.schema) as writer:
             writer.write_batch(pa.RecordBatch.from_pylist([], schema=table.schema))
@@ -162,7 +164,6 @@ def write_frame(frame: pl.DataFrame, path: Path, digest: bool = False) -> str | 
         raise
     os.close(fd)
     os.replace(tmp, path)
-    return None if sink.digest is None else sink.digest.hexdigest()
 
 
 def write_parquet(frame: pl.DataFrame, path: Path) -> None:
