@@ -74,6 +74,9 @@ def test_mser_crops_a_planted_warmup_and_no_more() -> None:
     values[:80] += np.linspace(1.0, 0.0, 80)  # slow at first, settling
     cut = mser(values)
     assert 40 <= cut <= 100 and cut % BATCH == 0
+    burst = values.copy()
+    burst[200:240] *= 1.15  # a second of another process's load after the warm-up: not warm-up
+    assert mser(burst) == cut
     assert mser(1.0 + 0.05 * rng.standard_normal(600)) == 0  # nothing planted: nothing cropped
     drift = 1.0 + 0.002 * rng.standard_normal(600)
     drift[:150] *= 1.012  # a 1% step on a tight series is no warm-up

@@ -8,7 +8,10 @@ in issue order:
 - **warmup crop**: MSER-5 (White, 1997): batch means of 5 requests, and the truncation ``d``
   (at most half the batches) that minimises the remaining batches' variance over ``(k − d)²``;
   a crop whose mean is within :data:`WARMUP` of the rest's is no warm-up (on a tight series
-  MSER crops a drift of 1% as readily as a real one), and nothing is cropped;
+  MSER crops a drift of 1% as readily as a real one), and nothing is cropped; the crop then ends
+  where the batch means first come within :data:`WARMUP` of the rest's level: MSER's least
+  variance also crops a later burst (another process taking the CPU for a second), and that is
+  not warm-up but what the shift and trend checks judge;
 - **drain**: the requests in flight at the last send, reported apart;
 - **level shift**: the split of the remaining batches (each side ≥ 20% of them) with the
   largest Welch t; a shift when |t| ≥ :data:`SHIFT_T` and the means differ by ≥ :data:`SHIFT`.
@@ -69,7 +72,8 @@ class Window:
 
 
 def mser(values: np.ndarray) -> int:
-    """MSER's truncation point, in values (a multiple of :data:`BATCH`)."""
+    """The warm-up crop, in values (a multiple of :data:`BATCH`): MSER's, ended at the first
+    batch that reaches the level of the rest."""
     k = values.size // BATCH
     batches = values[: k * BATCH].reshape(k, BATCH).mean(axis=1)
     # every truncation's score at once, from suffix sums (a loop over them was quadratic:
@@ -80,11 +84,15 @@ def mser(values: np.ndarray) -> int:
     squares = np.cumsum((centred**2)[::-1])[::-1][: n.size]
     scores = (squares - total**2 / n) / n.astype(float) ** 2
     cut = int(np.argmin(scores)) if scores.size else 0
-    if cut:
-        head, rest = batches[:cut].mean(), batches[cut:].mean()
-        if rest > 0 and abs(head - rest) / rest < WARMUP:
-            return 0
-    return cut * BATCH
+    if not cut:
+        return 0
+    head, rest = batches[:cut].mean(), batches[cut:].mean()
+    if rest > 0 and abs(head - rest) / rest < WARMUP:
+        return 0
+    # a warm-up approaches the steady level from one side: slow at first, or a batch filling up
+    side = 1.0 if head > rest else -1.0
+    reached = side * (batches[:cut] - rest) <= WARMUP * rest
+    return (int(np.argmax(reached)) if reached.any() else cut) * BATCH
 
 
 def level_shift(times_s: np.ndarray, values: np.ndarray) -> dict[str, float] | None:
