@@ -169,26 +169,26 @@ async def test_a_rate_at_two_thirds_of_capacity_is_steady_and_not_flagged(tmp_pa
 
 
 async def test_the_steady_window_crops_a_planted_warmup_and_finds_a_level_shift(tmp_path: Path) -> None:
-    engine = EngineConfig(step_base_ms=8.0, step_per_seq_ms=0.05, slow_start_s=5.0, slow_start_factor=3.0)
+    engine = EngineConfig(step_base_ms=8.0, step_per_seq_ms=0.05, slow_start_s=3.0, slow_start_factor=3.0)
     warm = await run_benchmark(
         small_config(
-            tmp_path / "w", concurrency=8, duration=16.0, sim=SimConfig(engine=engine, output_median=16)
+            tmp_path / "w", concurrency=8, duration=10.0, sim=SimConfig(engine=engine, output_median=16)
         )
     )
     steady = warm.summary["steady"]
     assert steady["warmup_cropped_requests"] > 0
-    assert 2.0 <= steady["start_s"] <= 8.0  # the warm-up fades over the server's first 5 s
-    shifted = EngineConfig(step_base_ms=8.0, step_per_seq_ms=0.05, slow_after_s=11.0, slow_after_factor=1.6)
+    assert 1.5 <= steady["start_s"] <= 4.5  # the warm-up fades over the server's first 3 s
+    shifted = EngineConfig(step_base_ms=8.0, step_per_seq_ms=0.05, slow_after_s=7.0, slow_after_factor=1.6)
     run = await run_benchmark(
         small_config(
-            tmp_path / "s", concurrency=8, duration=20.0, sim=SimConfig(engine=shifted, output_median=16)
+            tmp_path / "s", concurrency=8, duration=13.0, sim=SimConfig(engine=shifted, output_median=16)
         )
     )
     steady = run.summary["steady"]
     assert steady["steady"] is False and "shifts" in steady["reason"]
     shift = steady["level_shift"]
-    # the server starts before the run's clock does: the shift lands a little before 11 s
-    assert 8.0 <= shift["at_s"] <= 12.0 and shift["change"] == pytest.approx(0.55, abs=0.2)
+    # the server starts before the run's clock does: the shift lands a little before 7 s
+    assert 5.0 <= shift["at_s"] <= 7.5 and shift["change"] == pytest.approx(0.55, abs=0.2)
 
 
 async def test_a_run_stops_once_its_means_are_known_to_the_precision_asked(tmp_path: Path) -> None:
