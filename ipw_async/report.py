@@ -78,9 +78,15 @@ def describe_model(model: dict[str, Any]) -> str:
     drift = (model.get("static_drift") or {}).get("coef_w")
     drifting = ", static drifts" if drift else ""
     name = f"{model['model']}: " if model.get("model") else ""
+    choice = model.get("chosen_by") or {}
+    chosen = (
+        f"; explains the meter better than step costs (R² {choice['step_costs_r2']:.3f}), so the steps rule split by it"
+        if choice.get("chosen") == "power model" and choice.get("step_costs_r2") is not None
+        else ""
+    )
     return (
         f"{name}{model['static_w']:,.1f} W{step} + {model['scale_w']:.3g}·work^{model['exponent']:.2f} W{cap}"
-        f"{context}; prefill token = {model['prefill_weight']:.2f} decode{lag}{drifting}{fit}"
+        f"{context}; prefill token = {model['prefill_weight']:.2f} decode{lag}{drifting}{fit}{chosen}"
     )
 
 

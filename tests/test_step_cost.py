@@ -112,11 +112,15 @@ def _run(
     seconds: float = 24.0,
     counter_ms: int = 100,
     decode_w: float = 0.0,
+    curve: tuple[float, float, float, float] | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray]:
     """A closed-loop server, scripted: every 20 ms step decodes one token for each running
     request and prefills (in the same step) the prompts of those that just arrived, each step's
     energy above static spread over its time; a counter of it every ``counter_ms``. Returns records,
-    telemetry and each request's v2 truth (static equally among the requests on the server)."""
+    telemetry and each request's v2 truth (static equally among the requests on the server).
+    With ``curve`` (scale W, exponent, cap W, a prompt token's work in decode tokens) a step
+    draws min(cap, scale · work^exponent) above static, no cost of its own, and v2 shares it
+    by work."""
     steps_total = int(seconds * 1000 / STEP_MS)
     t0 = 500  # ms of idle before the first request
     running: dict[int, list[int]] = {}  # request -> its chunk times
@@ -143,12 +147,21 @@ def _run(
         decode_ms = STEP_MS * (1 + (k // 50) % 3) if decode_w else STEP_MS
         duration = decode_ms + int(prompt // 100)  # a prompt's tokens take time too
         step_j = decode_w * decode_ms / 1000 if decode_w else per_step_j
-        energy = (step_j if decoding else 0.0) + sum(0.3 + per_token_j * windows[r][1] for r in arriving)
+        if curve is None:
+            energy = (step_j if decoding else 0.0) + sum(0.3 + per_token_j * windows[r][1] for r in arriving)
+            for r in decoding:
+                truth[r] += step_j / len(decoding)
+            for r in arriving:
+                truth[r] += 0.3 + per_token_j * windows[r][1]
+        else:
+            scale, exponent, cap, weight = curve
+            work = {r: 1.0 for r in decoding} | {r: weight * windows[r][1] for r in arriving}
+            total = sum(work.values())
+            energy = min(cap, scale * total**exponent) * duration / 1000
+            for r, w in work.items():
+                truth[r] += energy * w / total
         power[start : start + duration] = energy / (duration / 1000)
-        for r in decoding:
-            truth[r] += step_j / len(decoding)
         for r in arriving:
-            truth[r] += 0.3 + per_token_j * windows[r][1]
             running[r] = chunks[r] = []
         start += duration
         for r in list(running):
@@ -210,6 +223,7 @@ def test_the_steps_rule_recovers_a_v2_truth_and_beats_token_work(
     steps, section = attribute(tel, [GPU], recs, AttributionConfig(baseline_w=STATIC_W))
     tokens, _ = attribute(tel, [GPU], recs, AttributionConfig(rule="tokens", baseline_w=STATIC_W))
     meter = section["meters"]["dev"]
+    assert meter["power_model"]["chosen_by"]["chosen"] == "step costs"  # a fixed cost a step: its shape
     costs = meter["power_model"]["costs"]
     # steps of one length: their cost reads as per step or per second of decoding alike
     per_step = costs["per_decode_step_j"] + costs["per_decode_second_w"] * STEP_MS / 1000
@@ -219,6 +233,20 @@ def test_the_steps_rule_recovers_a_v2_truth_and_beats_token_work(
     low, high = (steps.sort("request_id").get_column(c).to_numpy() for c in ("energy_low_j", "energy_high_j"))
     assert np.mean((low <= truth) & (truth <= high)) >= 0.9
     assert np.median((high - low) / 2 / truth) < 0.15
+
+
+def test_a_capped_concave_device_is_split_by_its_power_model_chosen_over_step_costs() -> None:
+    # power concave in the step's work and clipped at a cap (a GPU at its power limit), with no
+    # cost of its own per step: step costs can only approximate it, and the run's data say so
+    recs, tel, truth = _run(np.random.default_rng(5), 0.0, 0.0, streams=12, curve=(40.0, 0.6, 260.0, 0.3))
+    steps, section = attribute(tel, [GPU], recs, AttributionConfig(baseline_w=STATIC_W))
+    tokens, _ = attribute(tel, [GPU], recs, AttributionConfig(rule="tokens", baseline_w=STATIC_W))
+    model = section["meters"]["dev"]["power_model"]
+    assert model["chosen_by"]["chosen"] == "power model" and model["chosen_by"]["bic_difference"] < 0
+    assert model["r2"] > model["chosen_by"]["step_costs_r2"]
+    assert _p95(steps, truth) < 0.05 and _p95(steps, truth) < _p95(tokens, truth) / 2
+    low, high = (steps.sort("request_id").get_column(c).to_numpy() for c in ("energy_low_j", "energy_high_j"))
+    assert np.mean((low <= truth) & (truth <= high)) >= 0.9
 
 
 def test_a_decode_step_whose_cost_shows_only_in_its_time_is_priced_by_its_time() -> None:

@@ -31,7 +31,7 @@ from .fit import fit, parse_effects
 from .model import PowerModel
 from .problem import Problem, design
 from .split import Segments, StepShares, Timeline, equal_segments, safe_div
-from .stepcost import CONTEXT_COSTS, StepCost, fit_step_cost
+from .stepcost import CONTEXT_COSTS, MIN_INTERVALS, StepCost, fit_step_cost
 from .steps import Steps
 from .work import Work, step_shares
 
@@ -148,6 +148,35 @@ RULES: dict[str, Callable[[_Inputs], Split] | None] = {
 }
 
 
+CURVE = frozenset({"curve"})
+
+
+def model_choice(cost: StepCost, model: PowerModel) -> dict[str, Any]:
+    """Which model the steps rule splits by: its step costs, unless the device's fitted power
+    model explains the meter's intervals better by the Bayesian information criterion
+    (n ln(RSS_model / RSS_costs) + (k_model − k_costs) ln n over the same n intervals; k: the
+    parameters each fitted). A capped or concave device's energy is the power model's shape,
+    which step costs can only approximate; where both fit alike the step costs are kept."""
+    n = cost.intervals
+    out: dict[str, Any] = {
+        "rule": "BIC over the meter's intervals: the power model where it explains them better",
+        "step_costs_r2": cost.r2,
+        "power_model": model.name,
+        "power_model_r2": model.r2,
+        "chosen": "step costs",
+    }
+    if cost.r2 is None or model.r2 is None or n != model.intervals or n < MIN_INTERVALS:
+        return out
+    k_costs = int(np.count_nonzero(cost.costs)) + (cost.static_source == "fitted")
+    k_model = len(model.errors) + (cost.static_source == "fitted")
+    rss = (max(1.0 - model.r2, 1e-12), max(1.0 - cost.r2, 1e-12))
+    difference = n * float(np.log(rss[0] / rss[1])) + (k_model - k_costs) * float(np.log(n))
+    out["bic_difference"] = difference
+    if difference < 0:
+        out["chosen"] = "power model"
+    return out
+
+
 def _apply(timeline: Timeline, split: Split) -> tuple[np.ndarray, np.ndarray, float, float]:
     static = split.static(timeline.mid) if callable(split.static) else split.static
     if split.shares is not None:
@@ -242,10 +271,21 @@ def attribute_meter(
     # split use the device's power model instead (each describes the accelerator, not a host)
     cost: StepCost | None = None
     model, alike = None, []
+    choice: dict[str, Any] = {}
     if accelerator and rule is _steps:
         cost = fit_step_cost(
             problem, work.features(config.context_cost), _static_source(meter, config), config.context_cost
         )
+        # a first look with the power model's basic shape (a tenth of a second), the whole
+        # selection (seconds) only where that shape already explains the meter better
+        choice = model_choice(cost, fit(problem, CURVE)[0])
+        if choice["chosen"] == "power model":
+            model, alike = fit(problem, config.effects)
+            choice = model_choice(cost, model)
+        if choice["chosen"] == "power model":  # the device's power explains its meter better
+            cost, rule = None, _fitted
+        else:
+            model, alike = None, []
     elif accelerator:
         model, alike = fit(problem, config.effects)
     inputs = _Inputs(
@@ -305,6 +345,7 @@ def attribute_meter(
             "prefill_placement": work.steps.placement,
             "steps": work.steps.count,
         }
+        | ({"chosen_by": choice} if choice else {})
     )
     return MeterResult(
         meter=meter.channel,
