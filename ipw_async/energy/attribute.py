@@ -149,14 +149,18 @@ RULES: dict[str, Callable[[_Inputs], Split] | None] = {
 
 
 CURVE = frozenset({"curve"})
+# A BIC difference past 10 is very strong evidence (Kass and Raftery, 1995): step costs, the
+# convention's own shape, give way only to that, so a near tie cannot flip a run's split
+VERY_STRONG_BIC = 10.0
 
 
 def model_choice(cost: StepCost, model: PowerModel) -> dict[str, Any]:
     """Which model the steps rule splits by: its step costs, unless the device's fitted power
     model explains the meter's intervals better by the Bayesian information criterion
     (n ln(RSS_model / RSS_costs) + (k_model − k_costs) ln n over the same n intervals; k: the
-    parameters each fitted). A capped or concave device's energy is the power model's shape,
-    which step costs can only approximate; where both fit alike the step costs are kept."""
+    parameters each fitted), by more than :data:`VERY_STRONG_BIC`. A capped or concave
+    device's energy is the power model's shape, which step costs can only approximate; where
+    both fit about alike the step costs are kept."""
     n = cost.intervals
     out: dict[str, Any] = {
         "rule": "BIC over the meter's intervals: the power model where it explains them better",
@@ -172,7 +176,7 @@ def model_choice(cost: StepCost, model: PowerModel) -> dict[str, Any]:
     rss = (max(1.0 - model.r2, 1e-12), max(1.0 - cost.r2, 1e-12))
     difference = n * float(np.log(rss[0] / rss[1])) + (k_model - k_costs) * float(np.log(n))
     out["bic_difference"] = difference
-    if difference < 0:
+    if difference < -VERY_STRONG_BIC:
         out["chosen"] = "power model"
     return out
 
