@@ -252,20 +252,29 @@ def test_a_capped_concave_device_is_split_by_its_power_model_chosen_over_step_co
 
 
 @pytest.mark.parametrize(
-    ("model_r2", "chosen"),
+    ("model_r2", "prefill_guessed", "chosen"),
     # over 500 intervals at R² 0.99, four parameters each: a power model a little better is a
     # near tie (ΔBIC −5), one that halves the residual very strong evidence (ΔBIC −347); one that
-    # could not be fitted is never chosen
-    [(0.99, "step costs"), (0.9901, "step costs"), (0.995, "power model"), (None, "step costs")],
+    # could not be fitted, or whose prompt token weighs only its default, is never chosen
+    [
+        (0.99, False, "step costs"),
+        (0.9901, False, "step costs"),
+        (0.995, False, "power model"),
+        (0.995, True, "step costs"),
+        (None, False, "step costs"),
+    ],
 )
 def test_the_power_model_replaces_step_costs_only_on_very_strong_evidence(
-    model_r2: float | None, chosen: str
+    model_r2: float | None, prefill_guessed: bool, chosen: str
 ) -> None:
     costs = StepCost(STATIC_W, np.array([2.0, 0, 0.3, 0, 0.5, 0.01, 0]), "measured", r2=0.99, intervals=500)
     errors = {"scale": 1.0, "prefill": 0.01, "exponent": 0.01, "cap": 5.0}
-    model = PowerModel(STATIC_W, 40.0, 0.3, r2=model_r2, intervals=500, errors=errors)
+    model = PowerModel(
+        STATIC_W, 40.0, 0.3, r2=model_r2, intervals=500, errors=errors, prefill_guessed=prefill_guessed
+    )
     choice = model_choice(costs, model)
     assert choice["chosen"] == chosen
+    assert ("kept_because" in choice) == prefill_guessed
     if model_r2 is not None:
         expected = 500 * np.log((1 - model_r2) / (1 - 0.99))
         assert choice["bic_difference"] == pytest.approx(expected)

@@ -160,7 +160,8 @@ def model_choice(cost: StepCost, model: PowerModel) -> dict[str, Any]:
     (n ln(RSS_model / RSS_costs) + (k_model − k_costs) ln n over the same n intervals; k: the
     parameters each fitted), by more than :data:`VERY_STRONG_BIC`. A capped or concave
     device's energy is the power model's shape, which step costs can only approximate; where
-    both fit about alike the step costs are kept."""
+    both fit about alike, or the power model's prompt token weighs only its default, the step
+    costs are kept."""
     n = cost.intervals
     out: dict[str, Any] = {
         "rule": "BIC over the meter's intervals: the power model where it explains them better",
@@ -176,8 +177,13 @@ def model_choice(cost: StepCost, model: PowerModel) -> dict[str, Any]:
     rss = (max(1.0 - model.r2, 1e-12), max(1.0 - cost.r2, 1e-12))
     difference = n * float(np.log(rss[0] / rss[1])) + (k_model - k_costs) * float(np.log(n))
     out["bic_difference"] = difference
-    if difference < -VERY_STRONG_BIC:
-        out["chosen"] = "power model"
+    if difference >= -VERY_STRONG_BIC:
+        return out
+    if model.prefill_guessed:
+        # its prompt tokens' share would be a default's, where step costs measured theirs
+        out["kept_because"] = "the power model's prefill weight is only its default"
+        return out
+    out["chosen"] = "power model"
     return out
 
 

@@ -177,10 +177,10 @@ def _model(problem: Problem, chosen: Fit, notes: list[str]) -> PowerModel:
         model.cap_w = float("inf")  # no step reached it: the run says nothing of a cap
     if problem.has_prefill:
         error = model.errors.get("prefill", np.inf)
-        weight, note = identified_prefill_weight(model, problem.steps, error, problem.default_prefill_weight)
-        if note:
-            notes.append(note)
-            model.prefill_weight = weight
+        taken = identified_prefill_weight(model, problem.steps, error, problem.default_prefill_weight)
+        if taken.note:
+            notes.append(taken.note)
+            model.prefill_weight, model.prefill_guessed = taken.weight, taken.guessed
     return model
 
 

@@ -36,6 +36,7 @@ class PowerModel:
     context_weight: float = 0.0  # a decode token's extra work per thousand tokens of context
     position_weight: float = 0.0  # a prompt token's extra work per thousand positions before it
     lag_ms: float = 0.0
+    prefill_guessed: bool = False  # the default weight, where the run could not tell it (notes say why)
     drift: Drift | None = None
     effects: tuple[str, ...] = ()
     r2: float | None = None

@@ -9,6 +9,7 @@ has made up for something else (a misplaced prompt, the meter's timing).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,16 +41,24 @@ def capped_share(model: PowerModel, steps: Steps, weight: float) -> float:
     return float(steps.prefill[raw >= model.cap_w].sum()) / max(float(steps.prefill.sum()), 1e-9)
 
 
-def identified_prefill_weight(
-    model: PowerModel, steps: Steps, error: float, default: float
-) -> tuple[float, str | None]:
+class PrefillWeight(NamedTuple):
+    """The prompt token weight to use, a note where it is not the fit's, and whether it is only
+    the default: a guess, where the capped cases' weights are reasoned from the cap."""
+
+    weight: float
+    note: str | None = None
+    guessed: bool = False
+
+
+def identified_prefill_weight(model: PowerModel, steps: Steps, error: float, default: float) -> PrefillWeight:
     """The prompt token weight to use, and a note where it is not the fit's."""
     w = model.prefill_weight
     capped = capped_share(model, steps, min(w, LEAST_PREFILL_WEIGHT))
     if capped > CAPPED_SHARE:
-        return CAPPED_PREFILL_WEIGHT, (
+        return PrefillWeight(
+            CAPPED_PREFILL_WEIGHT,
             f"prefill weight not identified ({capped:.0%} of prefill ran at the power cap): "
-            f"{CAPPED_PREFILL_WEIGHT:g} taken, as compute-bound tokens cost alike"
+            f"{CAPPED_PREFILL_WEIGHT:g} taken, as compute-bound tokens cost alike",
         )
     if (at_fit := capped_share(model, steps, w)) > FIT_CAPPED_SHARE:
         # A weight that puts nearly all prefill at the cap fits as well as any larger one: the
@@ -60,15 +69,19 @@ def identified_prefill_weight(
         shares = [capped_share(model, steps, x) for x in trial]
         least = float(trial[np.argmax(np.asarray(shares) >= FIT_CAPPED_SHARE)])
         kept = float(np.clip(max(default, least), LEAST_PREFILL_WEIGHT, MOST_PREFILL_WEIGHT))
-        return kept, (
+        return PrefillWeight(
+            kept,
             f"prefill weight not identified ({at_fit:.0%} of prefill at the power cap at the "
-            f"fit's {w:.2g}, at least {least:.2g}): {kept:.2g} taken"
+            f"fit's {w:.2g}, at least {least:.2g}): {kept:.2g} taken",
         )
     if not LEAST_PREFILL_WEIGHT <= w <= MOST_PREFILL_WEIGHT:
-        return default, (
+        return PrefillWeight(
+            default,
             f"prefill weight not identified (the fit's {w:.2g} is outside "
-            f"{LEAST_PREFILL_WEIGHT:g}–{MOST_PREFILL_WEIGHT:g}): default {default:g} kept"
+            f"{LEAST_PREFILL_WEIGHT:g}–{MOST_PREFILL_WEIGHT:g}): default {default:g} kept",
+            guessed=True,
         )
     if error > 0.5 * max(w, 0.1):
-        return default, f"prefill weight not identified (±{error:.2g}): default {default:g} kept"
-    return w, None
+        note = f"prefill weight not identified (±{error:.2g}): default {default:g} kept"
+        return PrefillWeight(default, note, guessed=True)
+    return PrefillWeight(w)
