@@ -289,7 +289,8 @@ def attribute_meter(
         # a first look with the power model's basic shape (a tenth of a second), the whole
         # selection (seconds) only where that shape already explains the meter better
         choice = model_choice(cost, fit(problem, CURVE)[0])
-        if choice["chosen"] == "power model":
+        # on the criterion alone: the whole selection may tell the prompt weight the curve could not
+        if choice.get("bic_difference", 0.0) < -VERY_STRONG_BIC:
             model, alike = fit(problem, config.effects)
             choice = model_choice(cost, model)
         if choice["chosen"] == "power model":  # the device's power explains its meter better
