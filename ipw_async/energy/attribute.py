@@ -260,6 +260,27 @@ def _distrusted(meter: Meter) -> dict[str, str]:
     return {"distrusted": meter.distrusted} if meter.distrusted else {}
 
 
+def _step_costs_or_model(
+    problem: Problem, work: Work, meter: Meter, config: AttributionConfig
+) -> tuple[StepCost | None, PowerModel | None, list[PowerModel], dict[str, Any]]:
+    """The steps rule's split: its step costs, or the power model where :func:`model_choice`
+    picks it (with the candidates alike to it, for the band), and the choice."""
+    cost = fit_step_cost(
+        problem, work.features(config.context_cost), _static_source(meter, config), config.context_cost
+    )
+    # a first look with the power model's basic shape (a tenth of a second), the whole
+    # selection (seconds) only where that shape already explains the meter better, on the
+    # criterion alone: the whole selection may tell the prompt weight the curve could not
+    choice = model_choice(cost, fit(problem, CURVE)[0])
+    if choice.get("bic_difference", 0.0) >= -VERY_STRONG_BIC:
+        return cost, None, [], choice
+    model, alike = fit(problem, config.effects)
+    choice = model_choice(cost, model)
+    if choice["chosen"] == "power model":
+        return None, model, alike, choice
+    return cost, None, [], choice
+
+
 def attribute_meter(
     telemetry: pl.DataFrame, meter: Meter, requests: pl.DataFrame, config: AttributionConfig, work: Work
 ) -> MeterResult:
@@ -283,20 +304,9 @@ def attribute_meter(
     model, alike = None, []
     choice: dict[str, Any] = {}
     if accelerator and rule is _steps:
-        cost = fit_step_cost(
-            problem, work.features(config.context_cost), _static_source(meter, config), config.context_cost
-        )
-        # a first look with the power model's basic shape (a tenth of a second), the whole
-        # selection (seconds) only where that shape already explains the meter better
-        choice = model_choice(cost, fit(problem, CURVE)[0])
-        # on the criterion alone: the whole selection may tell the prompt weight the curve could not
-        if choice.get("bic_difference", 0.0) < -VERY_STRONG_BIC:
-            model, alike = fit(problem, config.effects)
-            choice = model_choice(cost, model)
-        if choice["chosen"] == "power model":  # the device's power explains its meter better
-            cost, rule = None, _fitted
-        else:
-            model, alike = None, []
+        cost, model, alike, choice = _step_costs_or_model(problem, work, meter, config)
+        if model is not None:  # the device's power explains its meter better
+            rule = _fitted
     elif accelerator:
         model, alike = fit(problem, config.effects)
     inputs = _Inputs(
