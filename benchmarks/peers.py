@@ -22,6 +22,9 @@ Clients and modes:
 - ``ipw-async``      ``ipw-async run`` at concurrency 64 (the checkout this script lives in is put
   first on PYTHONPATH, so it is what gets measured).
 - ``ipw-async-rate`` ``ipw-async run --rate R --arrival constant``: the same pacing as aiperf-rate.
+- ``ipw-async-default`` ``ipw-async run`` at concurrency 64 as users run it: its default telemetry
+  (psutil and the CPU model here, NVML and RAPL where there are) and idle baseline, where the
+  two rows above measure with ``--telemetry none --baseline-s 0``, like the peers.
 - ``guidellm``       ``guidellm run --profile kind=concurrent,streams=64``.
 - ``aiperf-rate``    ``aiperf profile --request-rate R --arrival-pattern constant``.
 - ``aiperf-c64``     ``aiperf profile --concurrency 64``.
@@ -40,7 +43,7 @@ guidellm's venv is required (it is the server); a missing aiperf or ipw-async is
 one-line message. Run:
 
     python benchmarks/peers.py [--requests 400] [--rate 50] [--repeats 2]
-        [--clients ipw-async,ipw-async-rate,guidellm,aiperf-rate,aiperf-c64]
+        [--clients ipw-async,ipw-async-rate,ipw-async-default,guidellm,aiperf-rate,aiperf-c64]
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ REPO = Path(__file__).resolve().parents[1]
 CONCURRENCY = 64
 PROMPT_TOKENS = 64
 OUTPUT_TOKENS = 128
-ALL_CLIENTS = ("ipw-async", "ipw-async-rate", "guidellm", "aiperf-rate", "aiperf-c64")
+ALL_CLIENTS = ("ipw-async", "ipw-async-rate", "ipw-async-default", "guidellm", "aiperf-rate", "aiperf-c64")
+IPW_CLIENTS = {"ipw-async", "ipw-async-rate", "ipw-async-default"}
 
 # Runs `guidellm mock-server ARGS...` unchanged but for an SSE event counter and no access log.
 MOCK_LAUNCHER = """
@@ -260,12 +264,15 @@ def make_clients(args: argparse.Namespace, server: Server, tokenizer: Path) -> l
     ipw = [args.ipw_async] if shutil.which(args.ipw_async) else None
     if ipw is None and (REPO / "ipw_async").is_dir():
         ipw = [sys.executable, "-m", "ipw_async"]
-    if wanted & {"ipw-async", "ipw-async-rate"} and ipw is None:
+    if wanted & IPW_CLIENTS and ipw is None:
         print(f"peers.py: skipping ipw-async: {args.ipw_async} not found", file=sys.stderr)
     elif ipw is not None:
         pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
-        def ipw_argv(load: list[str]) -> Callable[[int, Path], list[str]]:
+        # the peers' own telemetry is off: the same for ipw-async, except as users run it
+        bare = ["--telemetry", "none", "--baseline-s", "0"]
+
+        def ipw_argv(load: list[str], settings: list[str] = bare) -> Callable[[int, Path], list[str]]:
             return lambda n, d: [
                 *ipw,
                 "run",
@@ -282,10 +289,7 @@ def make_clients(args: argparse.Namespace, server: Server, tokenizer: Path) -> l
                 str(PROMPT_TOKENS),
                 "--length-sigma",
                 "0",
-                "--telemetry",
-                "none",
-                "--baseline-s",
-                "0",
+                *settings,
                 "--max-queries",
                 str(n),
                 "--output-dir",
@@ -303,6 +307,9 @@ def make_clients(args: argparse.Namespace, server: Server, tokenizer: Path) -> l
         if "ipw-async-rate" in wanted:
             load = ["--rate", str(rate), "--arrival", "constant"]
             clients.append(Client("ipw-async", f"rate {rate:g}/s", ipw_argv(load), env, ipw_rate))
+        if "ipw-async-default" in wanted:
+            load = ["--concurrency", str(CONCURRENCY)]
+            clients.append(Client("ipw-async", f"c{CONCURRENCY} default", ipw_argv(load, []), env, ipw_rate))
 
     guidellm = args.guidellm_bin / "guidellm"
     if "guidellm" in wanted:
