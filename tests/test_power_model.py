@@ -14,12 +14,12 @@ from scipy.signal import lfilter
 
 from ipw_async import finalize
 from ipw_async.energy import fit as fit_module
-from ipw_async.energy.band import interval_error
+from ipw_async.energy.band import interval_error, perturbed
 from ipw_async.energy.counter import VirtualCounter
 from ipw_async.energy.fit import fit, parse_effects
 from ipw_async.energy.model import PowerModel
 from ipw_async.energy.parameters import EFFECTS, GRIDDED, NAMES, PARAMETERS, Evaluation, Scales, bounds
-from ipw_async.energy.prefill import CAPPED_PREFILL_WEIGHT
+from ipw_async.energy.prefill import CAPPED_PREFILL_WEIGHT, LEAST_PREFILL_WEIGHT, MOST_PREFILL_WEIGHT
 from ipw_async.energy.problem import Problem
 from ipw_async.energy.steps import Steps, infer_steps, step_starts
 from ipw_async.records import RequestRecord, records_frame
@@ -538,3 +538,20 @@ def test_a_run_too_short_to_hold_intervals_out_says_so_and_its_band_widens() -> 
     unfitted = fit_trace(knots[:6], energy[:5], steps, static_w=None)  # too few to fit at all
     assert unfitted.held_out_error is None and unfitted.in_sample_error is None
     assert interval_error(unfitted.held_out_error, unfitted.in_sample_error) == 1.0
+
+
+def test_a_weight_the_fit_could_not_identify_widens_the_band_across_its_range() -> None:
+    """An infinite standard error is the least known a weight can be, not an exact one: the band's
+    models must span what it could be, where a finite error moves it by ±1.96 of itself."""
+    model = PowerModel(
+        static_w=60.0, scale_w=20.0, prefill_weight=0.25, context_weight=2.0,
+        errors={"prefill": float("inf"), "context": float("inf"), "position": 0.5},
+    )  # fmt: skip
+    moved = perturbed(model)
+    prefill = sorted(m.prefill_weight for m in moved if m.prefill_weight != model.prefill_weight)
+    context = sorted(m.context_weight for m in moved if m.context_weight != model.context_weight)
+    position = sorted(m.position_weight for m in moved if m.position_weight != model.position_weight)
+    assert prefill == [LEAST_PREFILL_WEIGHT, MOST_PREFILL_WEIGHT]
+    assert context == [0.0, 20.0]  # the fit's bounds
+    assert position == [pytest.approx(0.98)]  # 0 - 1.96·0.5 is held at its bound 0, the same value
+    assert len(moved) == 6

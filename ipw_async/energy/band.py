@@ -27,15 +27,23 @@ Z = 1.96  # a parameter moved this many standard errors either way
 
 def perturbed(model: PowerModel) -> list[PowerModel]:
     """The model with each weight that splits a step moved ±Z standard errors (at least its
-    lower bound)."""
+    lower bound). A weight the fit could not identify (an infinite standard error) is moved to
+    each end of what it could be: the prompt weight over the band's range, another weight over
+    its bounds. Unidentified is not exact: leaving it out would make the band narrowest where
+    the model knows least."""
     out = []
     for row in PARAMETERS:
         error = model.errors.get(row.name)
-        if not row.in_work or row.attribute is None or error is None or not np.isfinite(error) or error <= 0:
+        if not row.in_work or row.attribute is None or error is None or error <= 0:
             continue
         value = getattr(model, row.attribute)
-        for moved in (value - Z * error, value + Z * error):
-            out.append(replace(model, **{row.attribute: max(moved, row.lower)}))
+        if np.isfinite(error):
+            ends = (max(value - Z * error, row.lower), value + Z * error)
+        elif row.attribute == "prefill_weight":
+            ends = BAND_PREFILL_WEIGHTS
+        else:
+            ends = (row.lower, value if callable(row.upper) else row.upper)
+        out.extend(replace(model, **{row.attribute: moved}) for moved in ends)
     return out
 
 
