@@ -13,6 +13,11 @@ Two runs, each against the built-in simulator (prefix caching on, as for every r
   times 1–4 s), at the same speedup. Printed: lateness of first and later turns, J/request and
   J/session (the sum of a session's attributed energy), each as mean and p50.
 
+First, the timer alone: 1,500 waits of 2-12 ms on an idle event loop, each to an absolute time,
+with ``ipw_async``'s alarm (``ipw_async._alarm.sleep_until``, what a replay waits with) and with
+the loop's own timer slept again until the time has come; lateness p50/p99 and the process's
+CPU per wait.
+
 ``--own-core`` runs the simulator on the last core and the client on the others: on a small
 machine a simulator sharing the client's cores delays its timers (see docs/benchmarks.md).
 
@@ -23,17 +28,21 @@ machine a simulator sharing the client's cores delays its timers (see docs/bench
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from ipw_async import RunConfig, run_benchmark
+from ipw_async._alarm import sleep_until
+from ipw_async._clock import NS, now_ns
 from ipw_async._loop import run as run_loop
 from ipw_async.sim import SimConfig, SimulatorProcess
 from ipw_async.sim.physics import EngineConfig
@@ -121,7 +130,35 @@ def replay(trace: Path, speedup: float, out: Path, own_core: bool) -> pl.DataFra
 
 def lateness_ms(frame: pl.DataFrame) -> str:
     late = ((frame.get_column("dispatched_ns") - frame.get_column("scheduled_ns")) / 1e6).to_numpy()
+    return percentiles_ms(late)
+
+
+def percentiles_ms(late: np.ndarray) -> str:
     return f"p50 {np.percentile(late, 50):.3f} ms, p99 {np.percentile(late, 99):.3f} ms, max {late.max():.3f} ms"
+
+
+async def loop_timer_until(due_ns: int) -> None:
+    """The loop's own timer (whole milliseconds in uvloop), slept again while early."""
+    while (left := due_ns - now_ns()) > 0:
+        await asyncio.sleep(left / NS)
+
+
+async def idle_waits(until: Callable[[int], Awaitable[None]], waits: int, seed: int) -> tuple[np.ndarray, float]:
+    """Lateness (ms) of ``waits`` waits to absolute times 2-12 ms ahead, and CPU (µs) per wait."""
+    rng = np.random.default_rng(seed)
+    late = np.empty(waits)
+    cpu = time.process_time()
+    for i, ahead in enumerate(rng.uniform(2e6, 12e6, waits).astype(int)):
+        due = now_ns() + int(ahead)
+        await until(due)
+        late[i] = (now_ns() - due) / 1e6
+    return late, (time.process_time() - cpu) / waits * 1e6
+
+
+def timer_alone(seed: int) -> None:
+    for name, until in (("alarm (what a replay waits with)", sleep_until), ("the loop's own timer", loop_timer_until)):
+        late, cpu = run_loop(idle_waits(until, 1500, seed))
+        print(f"  {name}: lateness {percentiles_ms(late)}; {cpu:.0f} µs of CPU per wait")
 
 
 def per(values: pl.Series) -> str:
@@ -139,6 +176,8 @@ def main() -> None:
         "--own-core", action="store_true", help="the simulator on the last core, the client on the others (Linux)"
     )
     args = parser.parse_args()
+    print("[timer alone] 1,500 waits of 2-12 ms on an idle event loop")
+    timer_alone(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         trace = mooncake_trace(root / "mooncake.jsonl", args.entries, args.trace_rate, args.seed)

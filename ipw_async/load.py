@@ -21,6 +21,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
+from ._alarm import sleep_until
 from ._clock import NS, now_ns
 
 U = TypeVar("U")
@@ -330,19 +331,6 @@ async def _sleep_unless(event: asyncio.Event, delay: float) -> bool:
     return True
 
 
-async def sleep_until(due_ns: int) -> None:
-    """Sleep to an absolute time (run clock), so lateness never accumulates into a schedule.
-
-    Never wakes early: uvloop's timers count whole milliseconds of a clock read once per loop
-    iteration and can fire up to one before their time, so what is left is slept again. Up to
-    a millisecond late instead (0.3 ms at p50 on an idle loop); yielding that last millisecond
-    away instead of sleeping it took lateness to 0.003 ms but cost 0.8 ms of CPU per wait
-    against 0.16 (8% of a core at 100 arrivals/s), too dear for a client that must stay cheap.
-    """
-    while (left := due_ns - now_ns()) > 0:
-        await asyncio.sleep(left / NS)
-
-
 def _arrivals(
     spec: LoadSpec, units: Iterator[U], rng: np.random.Generator, start_ns: int
 ) -> Iterator[tuple[U, int]]:
@@ -400,7 +388,8 @@ async def _timed_loop(
         for unit, scheduled in timed:
             if deadline_ns is not None and scheduled >= deadline_ns:
                 break
-            await sleep_until(scheduled - LEAD_NS)
+            if (ahead := scheduled - LEAD_NS - now_ns()) > 0:  # a loop timer: a ms late is early enough
+                await asyncio.sleep(ahead / NS)
             task = loop.create_task(gated(unit, scheduled))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._alarm import sleep_until
 from .._clock import NS, now_ns
-from ..load import sleep_until
 from ..records import Status
 from . import Requests, UnitCycle, WorkUnit
 from .datasets import DatasetError, Query, qa_pairs
