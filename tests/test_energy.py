@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 from ipw_async import finalize, run_benchmark
 from ipw_async.energy import AttributionConfig, attribute, counter_knots, request_windows, split_with_known
+from ipw_async.energy.counter import VirtualCounter
 from ipw_async.energy.model import PowerModel
+from ipw_async.energy.split import Segments, Timeline
 from ipw_async.energy.steps import step_starts
 from ipw_async.energy.work import Work
 from ipw_async.records import RequestRecord, records_frame
@@ -388,3 +390,22 @@ def test_the_band_holds_either_of_two_models_the_data_cannot_tell_apart(
     assert out.get_column("energy_j").to_numpy() == pytest.approx(as_chosen, rel=1e-9)
     low, high = out.get_column("energy_low_j").to_numpy(), out.get_column("energy_high_j").to_numpy()
     assert (low <= as_alike * (1 + 1e-9)).all() and (as_alike <= high * (1 + 1e-9)).all()
+
+
+def test_a_meter_too_short_to_judge_work_by_leaves_all_of_it_unexplained() -> None:
+    """With fewer than three busy meter intervals a fit of energy to work has no residual to be
+    judged by: what work leaves unexplained is unknown, so all of it, not none; with a dozen
+    intervals that work explains exactly, none."""
+    def unexplained(busy: int) -> tuple[np.ndarray, np.ndarray]:
+        t = np.arange(busy + 3) * 100.0 * MS  # idle, `busy` intervals of work, idle
+        d_e = np.r_[10.0, np.full(busy, 30.0), 10.0]  # 100 W static, 2 J of dynamic per unit of work
+        vc = VirtualCounter(t, np.r_[0.0, np.cumsum(d_e)], np.zeros(busy + 2, dtype=bool))
+        starts = t[1 : busy + 1]
+        work = Segments(np.zeros(busy, dtype=int), starts, starts + 100 * MS, np.full(busy, 10.0 / (100 * MS)))
+        timeline = Timeline(vc, work, [], 1)
+        return timeline.unexplained(work, 100.0)[0], timeline.d_e
+
+    short, d_e = unexplained(2)
+    assert np.allclose(short, d_e)
+    long, _ = unexplained(12)
+    assert np.allclose(long, 0.0, atol=1e-9)

@@ -119,8 +119,8 @@ class Timeline:
     def unexplained(self, work: Segments, baseline: float | None) -> tuple[np.ndarray, float | None]:
         """Per piece, its part of the energy that a fit of each meter interval's energy as
         static × time + a × work leaves unexplained (|residual|), where the interval has work
-        (``baseline``: the static power, as a constant);
-        and the static power (W) the fit found, where no baseline gave it."""
+        (``baseline``: the static power, as a constant), all of it with fewer than three such
+        intervals; and the static power (W) the fit found, where no baseline gave it."""
         d_rule, _, _ = self.density(work)
         work_k = np.bincount(self.knot_of, weights=d_rule * self.dt, minlength=self.knots)
         dt_k = np.bincount(self.knot_of, weights=self.dt, minlength=self.knots) / NS
@@ -128,8 +128,8 @@ class Timeline:
         busy = (work_k > 0) & ~np.bincount(self.knot_of, weights=self.imputed, minlength=self.knots).astype(
             bool
         )
-        if busy.sum() < 3:
-            return np.zeros_like(self.d_e), None
+        if busy.sum() < 3:  # a fit of two parameters leaves no residual to judge it by: none is known
+            return self.d_e.copy(), None
         if baseline:
             target, x = e_k - baseline * dt_k, work_k[:, None]
         else:
