@@ -237,6 +237,22 @@ def test_prompt_tokens_from_the_servers_prefix_cache_cost_no_prefill() -> None:
     assert b == pytest.approx(30 * 5 / 23 + 0.15, rel=1e-9)
 
 
+def test_a_prompt_the_server_gave_no_count_of_is_prefilled_by_its_length() -> None:
+    """A server that reports no usage leaves prompt_tokens null: the prompt is then counted from
+    its text (4 characters a token), as if reported, and the summary says how many were."""
+    tel = telemetry(np.array([100.0, 210.0]), power=np.array([300.0, 300.0]))
+    reported = records([(100, 110, 10), (140, 160, 5)], prompt_tokens=36)
+    reported = reported.with_columns(pl.Series("prompt", ["x" * 4 * 36, "x" * 4 * 36]))
+    unreported = reported.with_columns(pl.lit(None, dtype=pl.Int64).alias("prompt_tokens"))
+    config = AttributionConfig(rule="tokens", prefill_weight=0.25)
+    want, _ = attribute(tel, [POWER], reported, config)
+    got, section = attribute(tel, [POWER], unreported, config)
+    assert got.get_column("energy_j").to_list() == pytest.approx(want.get_column("energy_j").to_list(), rel=1e-9)
+    assert section["prompt_tokens_estimated"]["requests"] == 2
+    empty, _ = attribute(tel, [POWER], reported.with_columns(pl.lit(0, dtype=pl.Int64).alias("prompt_tokens")), config)
+    assert empty.get_column("energy_j")[0] != pytest.approx(want.get_column("energy_j")[0], rel=1e-3)
+
+
 def test_a_counter_period_of_mostly_idle_goes_to_the_work_in_it_above_the_baseline() -> None:
     # a counter read every 1 ms that updates every 100 ms (the update times, to the midpoint
     # of a read: 99.5 and 199.5 ms): 20 J in the first period, which holds an 11 ms request,

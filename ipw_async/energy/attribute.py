@@ -32,7 +32,7 @@ from .model import PowerModel
 from .problem import Problem, design
 from .split import Segments, StepShares, Timeline, equal_segments, safe_div
 from .stepcost import CONTEXT_COSTS, MIN_INTERVALS, StepCost, fit_step_cost
-from .steps import Steps
+from .steps import CHARS_PER_TOKEN, Steps, estimated_prompts
 from .work import Work, step_shares
 
 POWER_MODEL_NEEDS_FITTED = (
@@ -418,6 +418,11 @@ def attribute(
         "meters": {},
     }
     work = Work.of(requests)  # inferred once: every meter's split uses the same steps
+    if estimated := estimated_prompts(requests):
+        section["prompt_tokens_estimated"] = {
+            "requests": estimated,
+            "why": f"the server reported no prompt token count: a token per {CHARS_PER_TOKEN} characters of the prompt",
+        }
     results = [attribute_meter(telemetry, m, requests, config, work) for m in meters]
     for r in results:
         columns[f"{r.meter}.energy_j"] = _nullable(r.energy_j)

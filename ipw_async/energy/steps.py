@@ -44,9 +44,25 @@ def step_starts(requests: pl.DataFrame, split: float = 0.5) -> np.ndarray:
     return arrivals[np.concatenate(([True], np.diff(arrivals) > pause))]
 
 
+# A typical English tokenizer's characters per token, for a prompt the server gave no count of
+CHARS_PER_TOKEN = 4
+
+
+def prompt_tokens() -> pl.Expr:
+    """A request's prompt tokens: the server's count, or where it reported none (no usage in
+    the stream) its prompt's characters over :data:`CHARS_PER_TOKEN`. Unreported is not an
+    empty prompt: counted as none, its prefill would be charged to whoever decoded then."""
+    return pl.col("prompt_tokens").fill_null(pl.col("prompt").str.len_chars() // CHARS_PER_TOKEN).fill_null(0)
+
+
+def estimated_prompts(requests: pl.DataFrame) -> int:
+    """How many requests' prompt tokens :func:`prompt_tokens` estimated from their text."""
+    return int(requests.select((pl.col("prompt_tokens").is_null() & pl.col("prompt").is_not_null()).sum()).item())
+
+
 def computed_prompt_tokens() -> pl.Expr:
     """Prompt tokens the server computed: those its prefix cache held were never prefilled."""
-    return pl.col("prompt_tokens").fill_null(0) - pl.col("cached_prompt_tokens").fill_null(0)
+    return prompt_tokens() - pl.col("cached_prompt_tokens").fill_null(0)
 
 
 @dataclass
@@ -90,7 +106,7 @@ class Steps:
 def steps_of(requests: pl.DataFrame) -> Steps:
     """The engine steps the requests' token arrivals imply, with their computed prompts placed."""
     computed = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
-    prompt = requests.get_column("prompt_tokens").fill_null(0).to_numpy().astype(float)
+    prompt = requests.select(prompt_tokens()).to_series().to_numpy().astype(float)
     return infer_steps(requests, step_starts(requests), computed, prompt)
 
 
