@@ -86,6 +86,12 @@ class Device:
         ``until_ns`` when given (the step's work done: static alone from then); returns that
         static power (held until the next setting). It works while it draws dynamic power or
         until ``until_ns``."""
+        # A step's loop may wake a hair before the previous step's work ends (a loop timer
+        # fires up to a millisecond early): it starts when that work ends. A segment out of
+        # time order would make the lookup by time find the wrong one and rewrite the past.
+        t_ns = max(t_ns, self._starts[-1])
+        if until_ns is not None:
+            until_ns = max(until_ns, t_ns)
         if self._working:
             self._worked_ns = t_ns
         working = dynamic_w > 0 or until_ns is not None

@@ -320,9 +320,10 @@ class Engine:
     async def _loop(self) -> None:
         cfg = self.config
         device = self.device
+        free = 0  # when the last step's work ends: a timer firing early must not start before
         while True:
             if not self.running and not self.waiting:
-                t = now_ns()
+                t = max(now_ns(), free)
                 self._settle(t, [])
                 device.set_power(t, 0.0)
                 self._idle = True
@@ -337,7 +338,7 @@ class Engine:
                 self._idle = False
                 continue
             step = self._step_plan()
-            start = now_ns()
+            start = max(now_ns(), free)
             on_server = [*self.running, *self.waiting]
             self._settle(start, on_server)
             dynamic_w, duration = self._step_power(
@@ -345,7 +346,7 @@ class Engine:
             )
             # the device works for the step's duration, then waits at static power for this
             # loop to wake: a late wake-up costs no dynamic energy, so the step's is exact
-            worked = start + round(duration * NS)
+            worked = free = start + round(duration * NS)
             static_w = device.set_power(start, dynamic_w, until_ns=worked)
             await asyncio.sleep(duration)
             end = max(now_ns(), worked)  # a timer may fire a hair early: the whole step is in
