@@ -125,8 +125,8 @@ def _run(
     energy above static spread over its time; a counter of it every ``counter_ms``. Returns records,
     telemetry and each request's v2 truth (static equally among the requests on the server).
     With ``curve`` (scale W, exponent, cap W, a prompt token's work in decode tokens) a step
-    draws min(cap, scale · work^exponent) above static, and v2 shares it by work; ``per_step_j``
-    adds a cost of its own to each decoding step, shared equally."""
+    draws min(cap, scale · work^exponent) above static, no cost of its own, and v2 shares it
+    by work."""
     steps_total = int(seconds * 1000 / STEP_MS)
     t0 = 500  # ms of idle before the first request
     running: dict[int, list[int]] = {}  # request -> its chunk times
@@ -166,10 +166,6 @@ def _run(
             energy = min(cap, scale * total**exponent) * duration / 1000
             for r, w in work.items():
                 truth[r] += energy * w / total
-            if decoding and per_step_j:  # a step's own cost too, shared equally
-                energy += per_step_j
-                for r in decoding:
-                    truth[r] += per_step_j / len(decoding)
         power[start : start + duration] = energy / (duration / 1000)
         for r in arriving:
             running[r] = chunks[r] = []

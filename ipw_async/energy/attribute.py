@@ -283,7 +283,9 @@ def _step_costs_or_model(
         return None, model, alike, choice
     rivals = [m for m in (curve, model) if rival(cost, m)]
     if rivals:
-        choice["band_spans_power_model"] = RIVAL_NOTE
+        choice["band_spans_power_model"] = (
+            f"it explains the meter's intervals within {RIVAL_R2:g} of R² of step costs: the band spans its split"
+        )
     return cost, None, rivals, choice
 
 
@@ -294,7 +296,6 @@ def _step_costs_or_model(
 # simulated devices with a concave curve step costs explained 0.010-0.017 more and split 2 to 51
 # points worse at p95 than the power model (benchmarks/attribution_accuracy.py, seeds 11002-11005).
 RIVAL_R2 = 0.05
-RIVAL_NOTE = "it explains the meter's intervals within 0.05 of R² of step costs: the band spans its split"
 
 
 def rival(cost: StepCost, model: PowerModel) -> bool:
