@@ -21,6 +21,11 @@ import polars as pl
 
 from ._clock import NS
 
+# Characters per token of English text on a typical tokenizer, as the simulator counts them: what
+# stands in for a token count where there is none (a prompt made to a length, a prompt whose
+# server reported no usage)
+CHARS_PER_TOKEN = 4
+
 
 class Status(StrEnum):
     OK = "ok"

@@ -23,7 +23,7 @@ import polars as pl
 from scipy import sparse
 
 from .._clock import NS
-from ..records import end_ns
+from ..records import CHARS_PER_TOKEN, end_ns
 from ..telemetry.base import Meter
 from .band import band, cost_band, interval_error, perturbed
 from .counter import VirtualCounter, counter_timing, covering, idle_power, series, virtual_counter
@@ -32,7 +32,7 @@ from .model import PowerModel
 from .problem import Problem, design
 from .split import Segments, StepShares, Timeline, equal_segments, safe_div
 from .stepcost import CONTEXT_COSTS, MIN_INTERVALS, StepCost, fit_step_cost
-from .steps import CHARS_PER_TOKEN, Steps, estimated_prompts
+from .steps import Steps, estimated_prompts
 from .work import Work, step_shares
 
 POWER_MODEL_NEEDS_FITTED = (
@@ -265,14 +265,16 @@ def _step_costs_or_model(
 ) -> tuple[StepCost | None, PowerModel | None, list[PowerModel], dict[str, Any]]:
     """The steps rule's split: its step costs, or the power model where :func:`model_choice`
     picks it (with the candidates alike to it, for the band), and the choice. Where step
-    costs are kept and the power model explains the meter nearly as well (:func:`rival`), it
-    is returned as the one candidate alike: the band spans its split too."""
+    costs are kept, the power models that explain the meter nearly as well (:func:`rival`: the
+    curve, the whole selection) are returned as the candidates alike: the band spans their
+    splits too."""
     cost = fit_step_cost(
         problem, work.features(config.context_cost), _static_source(meter, config), config.context_cost
     )
     # a first look with the power model's basic shape (a tenth of a second), the whole
-    # selection (seconds) only where that shape already explains the meter better, on the
-    # criterion alone: the whole selection may tell the prompt weight the curve could not
+    # selection (seconds) only where that shape already explains the meter better on the
+    # criterion alone (the whole selection may tell the prompt weight the curve could not),
+    # or about as well
     curve = fit(problem, CURVE)[0]
     choice = model_choice(cost, curve)
     if choice.get("bic_difference", 0.0) >= -VERY_STRONG_BIC and not rival(cost, curve):

@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 from .._clock import NS
+from ..records import CHARS_PER_TOKEN
 from .placement import place_prefill
 
 # The shortest steps, as a low percentile of inter-token latency rather than its least: a
@@ -44,13 +45,9 @@ def step_starts(requests: pl.DataFrame, split: float = 0.5) -> np.ndarray:
     return arrivals[np.concatenate(([True], np.diff(arrivals) > pause))]
 
 
-# A typical English tokenizer's characters per token, for a prompt the server gave no count of
-CHARS_PER_TOKEN = 4
-
-
 def prompt_tokens() -> pl.Expr:
     """A request's prompt tokens: the server's count, or where it reported none (no usage in
-    the stream) its prompt's characters over :data:`CHARS_PER_TOKEN`. Unreported is not an
+    the stream) its prompt's characters over :data:`ipw_async.records.CHARS_PER_TOKEN`. Unreported is not an
     empty prompt: counted as none, its prefill would be charged to whoever decoded then."""
     return pl.col("prompt_tokens").fill_null(pl.col("prompt").str.len_chars() // CHARS_PER_TOKEN).fill_null(0)
 

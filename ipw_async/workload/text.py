@@ -16,9 +16,9 @@ import hashlib
 
 import numpy as np
 
+from ..records import CHARS_PER_TOKEN
 from .datasets import WORDS
 
-CHARS_PER_TOKEN = 4
 _POOL_WORDS = 16_384  # ~75 kB of words, drawn once: a text is a slice of it, not a fresh draw
 
 
