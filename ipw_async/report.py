@@ -25,6 +25,8 @@ def _num(value: float | None, fmt: str = ",.1f", unit: str = "") -> str:
 _COST_LABELS = {
     "per_decode_step_j": "{:.3g} J a decode step",
     "per_decode_second_w": "{:.3g} W while decoding",
+    "per_padded_row_j": "{:.3g} J a padded row",
+    "per_padded_row_ktoken_j": "{:.3g} J per padded row·k length",
     "per_decode_token_j": "{:.3g} J a token",
     "per_context_ktoken_j": "{:.3g} J per k context",
     "per_prefill_forward_j": "{:.3g} J a prefill",

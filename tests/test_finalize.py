@@ -268,5 +268,11 @@ def test_finalize_says_how_a_step_s_context_is_shared_and_refuses_what_it_does_n
     assert cli.invoke(app, ["finalize", str(run_dir), "--context-cost", "own"]).exit_code == 0
     after = json.loads((run_dir / "summary.json").read_text())["energy"]
     model = after["meters"]["sim"]["power_model"]
-    assert after["context_cost"] == "own" and model["shared_equally"] == ["per_decode_step_j", "per_decode_second_w"]
+    # a padded graph's rows and attention length are the step's whatever each request reads
+    assert after["context_cost"] == "own" and model["shared_equally"] == [
+        "per_decode_step_j",
+        "per_decode_second_w",
+        "per_padded_row_j",
+        "per_padded_row_ktoken_j",
+    ]
     assert abs(after["meters"]["sim"]["conservation_error"]) < 1e-9

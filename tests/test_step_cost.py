@@ -305,11 +305,11 @@ def test_too_few_intervals_fit_no_costs_and_the_band_says_it_is_unsure() -> None
 
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-# p95 of |error| against each real run's v2 reference, as this rule reached it (1.5 / 3.5 /
-# 12.0%), with room for float noise: a change that makes any real run worse fails here
-REACHED = {"h100-8b-graphs/c8": 0.02, "h100-8b-graphs/c128": 0.04, "h100-8b-graphs/pois": 0.125}
-# the band's median half-width there (4.3 / 5.9 / 14.8%): the issue's bar is 15%
-BAND = {"h100-8b-graphs/c8": 0.05, "h100-8b-graphs/c128": 0.065, "h100-8b-graphs/pois": 0.15}
+# p95 of |error| against each real run's v2 reference, as this rule reached it (1.5 / 3.9 /
+# 10.6%), with room for float noise: a change that makes any real run worse fails here
+REACHED = {"h100-8b-graphs/c8": 0.02, "h100-8b-graphs/c128": 0.04, "h100-8b-graphs/pois": 0.11}
+# the band's median half-width there (3.4 / 3.3 / 10.7%): the issue's bar is 15%
+BAND = {"h100-8b-graphs/c8": 0.04, "h100-8b-graphs/c128": 0.035, "h100-8b-graphs/pois": 0.11}
 
 
 @pytest.mark.skipif(
@@ -363,3 +363,20 @@ def test_a_power_model_that_explains_the_meter_about_as_well_is_inside_the_band(
     assert ((low <= fitted * (1 + 1e-9)) & (fitted <= high * (1 + 1e-9))).all()
     alone_low, alone_high = (alone.get_column(c).to_numpy() for c in ("energy_low_j", "energy_high_j"))
     assert not ((alone_low <= fitted) & (fitted <= alone_high)).all()  # it was not before
+
+
+def test_the_band_narrows_as_the_meter_says_more_and_holds_the_truth_throughout() -> None:
+    """The band spans the costs refitted to resamplings of the meter's intervals: a run four
+    times as long pins the costs down better, so its band is narrower, and both hold the
+    truth. The band is a function of the run: finalizing it again gives the same one."""
+    widths = []
+    for seconds in (12.0, 48.0):
+        recs, tel, truth = _run(np.random.default_rng(3), 2.2, 0.014, seconds=seconds)
+        out, _ = attribute(tel, [GPU], recs, AttributionConfig(baseline_w=STATIC_W))
+        again, _ = attribute(tel, [GPU], recs, AttributionConfig(baseline_w=STATIC_W))
+        out = out.sort("request_id")
+        low, high = (out.get_column(c).to_numpy() for c in ("energy_low_j", "energy_high_j"))
+        assert again.sort("request_id").get_column("energy_high_j").to_list() == high.tolist()
+        assert np.mean((low <= truth) & (truth <= high)) >= 0.9
+        widths.append(float(np.median((high - low) / 2 / out.get_column("energy_j").to_numpy())))
+    assert widths[1] < 0.8 * widths[0]

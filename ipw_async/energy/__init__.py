@@ -1,11 +1,13 @@
 """Per-query energy from a run's telemetry: every joule goes to a query or to idle.
 
 The stages, each a module: :mod:`.counter` (a meter as a virtual counter), :mod:`.steps`
-(engine steps inferred from token arrivals, with each request's work) and :mod:`.placement`
-(where their prompts ran), :mod:`.work` (that work as weights for the split), :mod:`.problem`
+(engine steps inferred from token arrivals, with each request's work), :mod:`.placement`
+(where their prompts ran) and :mod:`.padding` (the buckets a padded decode graph ran),
+:mod:`.work` (that work as weights for the split), :mod:`.problem`
 (a meter's intervals and the steps, as a fit needs them), :mod:`.model`, :mod:`.parameters` and
 :mod:`.fit` (the device's power model, its parameters as a table, fitted as richly as the run
-supports) with :mod:`.prefill` (whether the run tells a prompt token's weight),
+supports) with :mod:`.prefill` (whether the run tells a prompt token's weight), :mod:`.drift`
+and :mod:`.lag` (static power that drifts, a meter that lags),
 :mod:`.stepcost` (the step costs of accounting convention v2, fitted), :mod:`.split` (the
 conservation-keeping split), :mod:`.band` (the least and most each query could have used) and
 :mod:`.attribute` (per meter, the rule, the columns and the summary).

@@ -31,7 +31,7 @@ from .fit import fit, parse_effects
 from .model import PowerModel
 from .problem import Problem, design
 from .split import Segments, StepShares, Timeline, equal_segments, safe_div
-from .stepcost import CONTEXT_COSTS, MIN_INTERVALS, StepCost, fit_step_cost
+from .stepcost import CONTEXT_COSTS, MIN_INTERVALS, NEAR_TIE_BIC, StepCost, fit_step_cost
 from .steps import Steps, estimated_prompts
 from .work import Work, step_shares
 
@@ -60,7 +60,9 @@ class AttributionConfig:
         if self.rule == "steps" and self.power_model != "auto":
             raise ValueError(POWER_MODEL_NEEDS_FITTED)
         if self.context_cost not in CONTEXT_COSTS:
-            raise ValueError(f"unknown context cost {self.context_cost!r}; choose {' or '.join(CONTEXT_COSTS)}")
+            raise ValueError(
+                f"unknown context cost {self.context_cost!r}; choose {' or '.join(CONTEXT_COSTS)}"
+            )
 
     @cached_property
     def effects(self) -> frozenset[str] | None:
@@ -151,7 +153,7 @@ RULES: dict[str, Callable[[_Inputs], Split] | None] = {
 CURVE = frozenset({"curve"})
 # A BIC difference past 10 is very strong evidence (Kass and Raftery, 1995): step costs, the
 # convention's own shape, give way only to that, so a near tie cannot flip a run's split
-VERY_STRONG_BIC = 10.0
+VERY_STRONG_BIC = NEAR_TIE_BIC
 
 
 def model_choice(cost: StepCost, model: PowerModel) -> dict[str, Any]:
@@ -187,12 +189,20 @@ def model_choice(cost: StepCost, model: PowerModel) -> dict[str, Any]:
     return out
 
 
-def _apply(timeline: Timeline, split: Split) -> tuple[np.ndarray, np.ndarray, float, float]:
+def _apply(
+    timeline: Timeline, split: Split, *, imputed: bool = True
+) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """Each request's energy by ``split``, its imputed part (zeros without ``imputed``: a
+    band's estimates need only the energy), the idle energy and what of it went to work."""
     static = split.static(timeline.mid) if callable(split.static) else split.static
     if split.shares is not None:
-        return timeline.split_by_steps(split.shares, static)
+        return timeline.split_by_steps(split.shares, static, imputed=imputed)
     assert split.segments is not None
-    return timeline.split(split.segments, static, pooled=split.pooled)
+    return timeline.split(split.segments, static, pooled=split.pooled, imputed=imputed)
+
+
+def _energy(timeline: Timeline, split: Split) -> np.ndarray:
+    return _apply(timeline, split, imputed=False)[0]
 
 
 def request_windows(records: pl.DataFrame) -> pl.DataFrame:
@@ -294,7 +304,7 @@ def _step_costs_or_model(
 # Where the power model explains the meter's intervals within this share of their variance of
 # what step costs explain, the meter cannot say which split is right: both fit the totals, and
 # they differ in how a step's energy is shared (a concave curve by work, a per-step cost
-# equally). On the real H100 runs the curve explains 0.43-0.74 less of the variance; on four
+# equally). On the real H100 runs the curve explains 0.43-0.78 less of the variance; on four
 # simulated devices with a concave curve step costs explained 0.010-0.017 more and split 2 to 51
 # points worse at p95 than the power model (benchmarks/attribution_accuracy.py, seeds 11002-11005).
 RIVAL_R2 = 0.05
@@ -345,54 +355,16 @@ def attribute_meter(
     )
     window = np.interp(end, vc.t, vc.e) - np.interp(sent, vc.t, vc.e)
     if rule is None:
-        timeline = Timeline(vc, inputs.active, [], n)
-        _, imputed_part, idle, pooled_idle = timeline.split(inputs.active, baseline, pooled=True)
-        energy = window
-        low = high = np.full(n, np.nan)  # the window rule counts overlaps again: no band to give
+        estimate = _window_estimate(vc, inputs, window)
     elif cost is not None:
-        chosen = rule(inputs)
-        timeline = Timeline(vc, inputs.active, [], n)
-        energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
-        seen = problem.design(cost.lag_ms)
-        # the costs moved by their errors, and the other reading of the context, which neither
-        # the meter nor step times tell apart: the band spans what each could move
-        other = replace(cost, context_cost=next(c for c in CONTEXT_COSTS if c != cost.context_cost))
-        others = [_apply(timeline, step_cost_split(c, work, seen))[0] for c in (*cost.moved(), other)]
-        others += [_apply(timeline, inputs.model_split(m))[0] for m in alike]  # a rival power model
-        low, high = cost_band(timeline, [energy, *others], cost.band_error)
+        estimate = _cost_estimate(vc, inputs, rule, cost, alike)
     else:
-        chosen = rule(inputs)
-        # the band's other estimates: the fitted model where the rule is not it, the candidates
-        # the data cannot tell from it, and its weights moved by their standard errors
-        models = (
-            [] if model is None else [*([model] if rule is not _fitted else []), *alike, *perturbed(model)]
-        )
-        splits = [inputs.model_split(m) for m in models]
-        # one cut of the meter for every split: sorting the edges is most of the work at scale
-        cuts = [s.segments for s in (chosen, *splits) if s.segments is not None]
-        timeline = Timeline(vc, inputs.active, [*cuts, work.last_step, work.placed], n)
-        energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
-        others = [_apply(timeline, split)[0] for split in splits]
-        # no power model, no model error; one not held out widens the band by what it did measure
-        error = 0.0 if model is None else interval_error(model.held_out_error, model.in_sample_error)
-        low, high = band(
-            timeline, [work.last_step, work.placed], [energy, *others], baseline, chosen.pooled, error
-        )
+        estimate = _model_estimate(vc, inputs, rule, model, alike)
+    timeline, energy, imputed_part, idle, pooled_idle, low, high = estimate
     provenance = [base_prov if base_prov == "estimated" or imp <= 0 else "imputed" for imp in imputed_part]
     total = timeline.total
     attributed = float(energy.sum())
-    described = cost if cost is not None else model
-    fitted = (
-        {}
-        if described is None
-        else described.as_dict()
-        | {
-            "step_time": work.steps.duration_fit,
-            "prefill_placement": work.steps.placement,
-            "steps": work.steps.count,
-        }
-        | ({"chosen_by": choice} if choice else {})
-    )
+    fitted = _described(cost if cost is not None else model, work.steps, choice)
     return MeterResult(
         meter=meter.channel,
         kind=meter.kind,
@@ -422,6 +394,77 @@ def attribute_meter(
             **_distrusted(meter),
         },
     )
+
+
+def _described(
+    described: StepCost | PowerModel | None, steps: Steps, choice: dict[str, Any]
+) -> dict[str, Any]:
+    """The summary's ``power_model``: the model that split, the steps it split and why it was chosen."""
+    if described is None:
+        return {}
+    return (
+        described.as_dict()
+        | {"step_time": steps.duration_fit, "prefill_placement": steps.placement, "steps": steps.count}
+        | ({"chosen_by": choice} if choice else {})
+    )
+
+
+_Estimate = tuple[Timeline, np.ndarray, np.ndarray, float, float, np.ndarray, np.ndarray]
+
+
+def _window_estimate(vc: VirtualCounter, inputs: _Inputs, window: np.ndarray) -> _Estimate:
+    """Each request's whole-window energy; idle as the split by activity says."""
+    n = inputs.requests.height
+    timeline = Timeline(vc, inputs.active, [], n)
+    _, imputed_part, idle, pooled_idle = timeline.split(inputs.active, inputs.baseline, pooled=True)
+    nan = np.full(n, np.nan)  # the window rule counts overlaps again: no band to give
+    return timeline, window, imputed_part, idle, pooled_idle, nan, nan
+
+
+def _cost_estimate(
+    vc: VirtualCounter,
+    inputs: _Inputs,
+    rule: Callable[[_Inputs], Split],
+    cost: StepCost,
+    alike: list[PowerModel],
+) -> _Estimate:
+    """The step costs' split, with the band of the costs refitted to resampled intervals, the
+    other reading of the context (neither the meter nor step times tell them apart) and a
+    rival power model's split: it spans what each could move."""
+    timeline = Timeline(vc, inputs.active, [], inputs.requests.height)
+    energy, imputed_part, idle, pooled_idle = _apply(timeline, rule(inputs))
+    seen = inputs.designs(cost.lag_ms)
+    other = replace(cost, context_cost=next(c for c in CONTEXT_COSTS if c != cost.context_cost))
+    others = [_energy(timeline, step_cost_split(c, inputs.work, seen)) for c in (*cost.replicated(), other)]
+    others += [_energy(timeline, inputs.model_split(m)) for m in alike]
+    low, high = cost_band(timeline, [energy, *others], cost.band_error)
+    return timeline, energy, imputed_part, idle, pooled_idle, low, high
+
+
+def _model_estimate(
+    vc: VirtualCounter,
+    inputs: _Inputs,
+    rule: Callable[[_Inputs], Split],
+    model: PowerModel | None,
+    alike: list[PowerModel],
+) -> _Estimate:
+    """A rule's split with the band of the fitted model where the rule is not it, the
+    candidates the data cannot tell from it, and its weights moved by their standard errors."""
+    chosen = rule(inputs)
+    models = [] if model is None else [*([model] if rule is not _fitted else []), *alike, *perturbed(model)]
+    splits = [inputs.model_split(m) for m in models]
+    # one cut of the meter for every split: sorting the edges is most of the work at scale
+    cuts = [s.segments for s in (chosen, *splits) if s.segments is not None]
+    work = inputs.work
+    timeline = Timeline(vc, inputs.active, [*cuts, work.last_step, work.placed], inputs.requests.height)
+    energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
+    others = [_energy(timeline, split) for split in splits]
+    # no power model, no model error; one not held out widens the band by what it did measure
+    error = 0.0 if model is None else interval_error(model.held_out_error, model.in_sample_error)
+    low, high = band(
+        timeline, [work.last_step, work.placed], [energy, *others], inputs.baseline, chosen.pooled, error
+    )
+    return timeline, energy, imputed_part, idle, pooled_idle, low, high
 
 
 def attribute(

@@ -151,6 +151,7 @@ class Timeline:
         *,
         pooled: bool,
         d_e: np.ndarray | None = None,
+        imputed: bool = True,
     ) -> tuple[np.ndarray, np.ndarray, float, float]:
         """Each request's energy, the part of it imputed, the idle energy, and the energy of
         idle stretches given to the work in their meter interval (pooled, below): static
@@ -161,7 +162,8 @@ class Timeline:
         work in the whole interval. With a baseline, that includes the energy above it in the
         interval's idle parts: the counter spreads a burst of work over its whole period, but
         an idle device draws its baseline (without one, nothing says how much of it was idle).
-        ``d_e`` splits other energy the same way."""
+        ``d_e`` splits other energy the same way. Without ``imputed`` the imputed parts are
+        not worked out (zeros): a band's estimates need only the energy."""
         d_e = self.d_e if d_e is None else d_e
         dt = self.dt
         static_w, static, dynamic = self._static(d_e, baseline)
@@ -180,7 +182,7 @@ class Timeline:
         else:
             by_rule = safe_div(dynamic, d_rule)
         by_rule_energy = share(seg_rule, ia_r, ib_r, by_rule, self.n)
-        by_rule_imputed = share(seg_rule, ia_r, ib_r, by_rule * self.imputed, self.n)
+        by_rule_imputed = share(seg_rule, ia_r, ib_r, by_rule * self.imputed, self.n) if imputed else None
         return self._with_equal(by_rule_energy, by_rule_imputed, d_e, static, dynamic, working, moved)
 
     def _static(self, d_e: np.ndarray, baseline: float | np.ndarray | None) -> tuple[np.ndarray, ...]:
@@ -192,7 +194,7 @@ class Timeline:
     def _with_equal(
         self,
         by_rule: np.ndarray,
-        by_rule_imputed: np.ndarray,
+        by_rule_imputed: np.ndarray | None,
         d_e: np.ndarray,
         static: np.ndarray,
         dynamic: np.ndarray,
@@ -205,12 +207,16 @@ class Timeline:
         by_equal = safe_div(static + np.where(taken, 0.0, dynamic), self.d_eq)
         eq = (self.active, self.ia_eq, self.ib_eq)
         energy = by_rule + share(*eq, by_equal, self.n)
-        imputed = by_rule_imputed + share(*eq, by_equal * self.imputed, self.n)
+        imputed = (
+            np.zeros(self.n)
+            if by_rule_imputed is None
+            else by_rule_imputed + share(*eq, by_equal * self.imputed, self.n)
+        )
         pooled_idle = float(np.sum(dynamic[moved]))
         return energy, imputed, float(np.sum(d_e[self.d_eq <= 0])) - pooled_idle, pooled_idle
 
     def split_by_steps(
-        self, shares: StepShares, baseline: float | np.ndarray | None
+        self, shares: StepShares, baseline: float | np.ndarray | None, *, imputed: bool = True
     ) -> tuple[np.ndarray, np.ndarray, float, float]:
         """As :meth:`split`, pooled, where a power model says how much of each step's energy
         each meter interval saw (``shares.seen``, its lag included) and each request's share of
@@ -232,7 +238,7 @@ class Timeline:
 
         return self._with_equal(
             to_requests(dynamic),
-            to_requests(dynamic * self.imputed),
+            to_requests(dynamic * self.imputed) if imputed else None,
             self.d_e,
             static,
             dynamic,

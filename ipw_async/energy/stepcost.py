@@ -47,9 +47,14 @@ from .steps import Steps
 # its step times there (fits of Σ context and decoders × longest context differ by < 1% RMS).
 CONTEXT_COSTS = ("shared", "own")
 FOLDS = 4
+REPLICATES = 20  # the band's bootstrap refits of the costs
+# A fit without one of the costs joins the band unless the whole fit explains the meter's
+# intervals better by this much of the Bayesian information criterion (very strong evidence
+# on Kass and Raftery's scale, as the choice between step costs and a power model asks)
+NEAR_TIE_BIC = 10.0
+STRETCH = 10  # meter intervals resampled together: a second at NVML's 100 ms
 MIN_FOLD_INTERVALS = 6
 MIN_INTERVALS = 8  # fewer usable intervals than this fit nothing: costs by token work alone
-Z = 1.96
 
 
 def _no_tokens(_prefill_weight: float) -> float:
@@ -75,12 +80,15 @@ def _recorded(entries: np.ndarray, steps: Steps) -> np.ndarray:
     return entries if entries.size else np.zeros(steps.req.size)
 
 
+def _recorded_steps(per_step: np.ndarray, steps: Steps) -> np.ndarray:
+    """A step column the steps may not have (logged steps carry no padded buckets): none then."""
+    return per_step if per_step.size else np.zeros(steps.count)
+
+
 def _on_first_decoder(steps: Steps, per_step: np.ndarray) -> np.ndarray:
     """Each step's units on its first decoding entry: a cost every reading shares among the
     step's decoders is the step's, and sharing spreads it from there."""
-    decoding = steps.entry_decode > 0
-    _, head = np.unique(np.where(decoding, steps.step, -1), return_index=True)
-    head = head[decoding[head]]
+    head = steps.first_decoders()
     units = np.zeros(steps.req.size)
     units[head] = per_step[steps.step[head]]
     return units
@@ -90,6 +98,14 @@ def _on_first_decoder(steps: Steps, per_step: np.ndarray) -> np.ndarray:
 COSTS = (
     Cost("per_decode_step_j", lambda s: _on_first_decoder(s, np.ones(s.count)), CONTEXT_COSTS),
     Cost("per_decode_second_w", lambda s: _on_first_decoder(s, decode_seconds(s)), CONTEXT_COSTS),
+    Cost(
+        "per_padded_row_j", lambda s: _on_first_decoder(s, _recorded_steps(s.padded_rows, s)), CONTEXT_COSTS
+    ),
+    Cost(
+        "per_padded_row_ktoken_j",
+        lambda s: _on_first_decoder(s, _recorded_steps(s.padded_rows * s.padded_length / 1000, s)),
+        CONTEXT_COSTS,
+    ),
     Cost("per_decode_token_j", lambda s: s.entry_decode, fallback=lambda _: 1.0),
     Cost("per_context_ktoken_j", lambda s: _recorded(s.entry_context, s), ("shared",)),
     Cost("per_prefill_forward_j", lambda s: (s.entry_prefill > 0).astype(float)),
@@ -122,7 +138,8 @@ def decode_seconds(steps: Steps) -> np.ndarray:
     duration = np.maximum(steps.end - steps.start, 0.0) / 1e9
     fit = steps.duration_fit
     alone = (
-        fit.get("base_ms", 0.0) + fit.get("per_decode_ms", 0.0) * steps.decode
+        fit.get("base_ms", 0.0)
+        + fit.get("per_decode_ms", 0.0) * steps.decode
         + fit.get("per_context_ktoken_ms", 0.0) * steps.context
     ) / 1e3
     mixed = steps.prefill > 0
@@ -145,6 +162,7 @@ class StepCost:
     notes: list[str] = field(default_factory=list)
     lag_ms: float = 0.0  # the meter's lag behind the device the fit chose
     context_cost: str = "shared"  # how a step's context reads are shared (CONTEXT_COSTS)
+    replicates: list[tuple[float, np.ndarray]] = field(default_factory=list)  # (static, costs) bootstrapped
 
     def entry_energy(self, features: np.ndarray) -> np.ndarray:
         """Each entry's modelled energy (J): its own costs and its equal share of the step's."""
@@ -164,17 +182,16 @@ class StepCost:
         """The interval error the band widens by (:func:`.band.interval_error`)."""
         return interval_error(self.held_out_error, self.in_sample_error)
 
-    def moved(self) -> list[StepCost]:
-        """The costs each moved ±Z standard errors (at least zero), one at a time: the band's."""
-        out = []
-        for i, error in enumerate(self.errors):
-            if not np.isfinite(error) or error <= 0:
-                continue
-            for sign in (-1.0, 1.0):
-                costs = self.costs.copy()
-                costs[i] = max(costs[i] + sign * Z * error, 0.0)
-                out.append(replace(self, costs=costs, errors=np.zeros(0), notes=[]))
-        return out
+    def replicated(self) -> list[StepCost]:
+        """The costs refitted to resamplings of the meter's intervals (:func:`_bootstrap`): the
+        band's. Costs the meter tells apart only together (a step's time and its padded rows,
+        a prompt's forward and its tokens) move together there, each refit still a fit; each
+        cost moved alone by its standard error, the others held, charged 3.6 J a padded row on
+        a real H100 run, and clipped at zero its twin, splits that fit no interval."""
+        return [
+            replace(self, static_w=static, costs=costs, replicates=[], notes=[])
+            for static, costs in self.replicates
+        ]
 
     def as_dict(self) -> dict[str, Any]:
         def finite(v: float) -> float | None:
@@ -217,16 +234,15 @@ def _solve(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef / scale
 
 
-def _standard_errors(x: np.ndarray, residuals: np.ndarray, coef: np.ndarray) -> np.ndarray:
-    """Standard errors of the costs the fit moved off zero (a cost at its bound: the fit's
-    spread around it, from the same curvature); inf where the data do not identify one."""
+def _standard_errors(x: np.ndarray, residuals: np.ndarray) -> np.ndarray:
+    """Standard errors of the costs (a cost at its bound: the fit's spread around it, from the
+    same curvature); inf where the data do not identify one, 0 for a term never used."""
     active = np.flatnonzero(np.abs(x).sum(axis=0) > 0)
-    out = np.full(coef.size, np.inf)
+    out = np.full(x.shape[1], np.inf)
     dof = max(residuals.size - active.size, 1)
-    variance = float(residuals @ residuals) / dof
     xa = x[:, active]
     try:
-        cov = np.linalg.pinv(xa.T @ xa) * variance
+        cov = np.linalg.pinv(xa.T @ xa) * (float(residuals @ residuals) / dof)
     except np.linalg.LinAlgError:
         return out
     out[active] = np.sqrt(np.abs(np.diag(cov)))
@@ -254,7 +270,9 @@ def fit_step_cost(
             "energy shared by token work (a prompt token at the prefill weight)"
         )
         unfitted = np.full(len(TERMS), np.inf)
-        return StepCost(static, fallback, source, unfitted, intervals=n, notes=[note], context_cost=context_cost)
+        return StepCost(
+            static, fallback, source, unfitted, intervals=n, notes=[note], context_cost=context_cost
+        )
     per_step = _per_step(problem.steps, features)
     # a long run's lag is chosen mid-run, over SELECTION_INTERVALS: each lag's design costs what
     # the steps do, and five of them over 100,000 requests took most of finalizing them
@@ -270,6 +288,8 @@ def fit_step_cost(
             f"meter lag chosen over the {sample.energy.size} meter intervals mid-run, then fitted to all {n}"
         )
     best.static_source, best.context_cost = source, context_cost
+    x = _columns(problem, per_step, problem.design(best.lag_ms))
+    best.replicates = _bootstrap(problem, x) + _near_ties(problem, x, best.costs)
     if best.held_out_error is None:
         best.notes.append(
             f"{n} meter intervals: too few to hold any out; the band takes twice the in-sample error"
@@ -277,19 +297,64 @@ def fit_step_cost(
     return best
 
 
+def _bootstrap(problem: Problem, x: np.ndarray) -> list[tuple[float, np.ndarray]]:
+    """The static power and costs refitted to :data:`REPLICATES` resamplings of the meter's
+    intervals (the design ``x``) in stretches of :data:`STRETCH` (a moving-block bootstrap:
+    neighbouring intervals share steps and errors), seeded so a run's band is reproducible."""
+    usable = np.flatnonzero(problem.usable)
+    if usable.size < FOLDS * MIN_FOLD_INTERVALS:
+        return []
+    starts = np.arange(max(usable.size - STRETCH + 1, 1))
+    blocks = -(-usable.size // STRETCH)
+    rng = np.random.default_rng(0)
+    stretch = np.arange(min(STRETCH, usable.size))
+    return [
+        _fit_rows(problem, x, usable[(rng.choice(starts, blocks)[:, None] + stretch).ravel()])
+        for _ in range(REPLICATES)
+    ]
+
+
+def _near_ties(problem: Problem, x: np.ndarray, costs: np.ndarray) -> list[tuple[float, np.ndarray]]:
+    """The costs refitted without each cost found, where the meter's intervals cannot tell
+    that fit from the whole one (:data:`NEAR_TIE_BIC`): costs that stand in for each other
+    (a prompt's forward and its tokens, a step's time and its padded rows) split a step
+    differently while fitting the totals alike, and resampling the intervals moves neither."""
+    usable = problem.usable
+    n = int(usable.sum())
+    if n < MIN_INTERVALS:
+        return []
+
+    def rss(static: float, c: np.ndarray) -> float:
+        residual = (problem.energy - static * problem.dt - x @ c)[usable]
+        return max(float(residual @ residual), 1e-12)
+
+    whole = rss(*_fit_rows(problem, x, usable))
+    out = []
+    for j in np.flatnonzero(costs > 0):
+        without = x.copy()
+        without[:, j] = 0.0
+        static, c = _fit_rows(problem, without, usable)
+        c[j] = 0.0
+        if n * np.log(rss(static, c) / whole) - np.log(n) < NEAR_TIE_BIC:
+            out.append((static, c))
+    return out
+
+
+def _fit_rows(problem: Problem, x: np.ndarray, rows: np.ndarray) -> tuple[float, np.ndarray]:
+    """Static power (the problem's, or fitted where it has none) and the costs, fitted to the
+    meter intervals ``rows`` (a mask, or indices that may repeat) of the design ``x``."""
+    y, dt, static = problem.energy, problem.dt, problem.static_w
+    if static is not None:
+        return static, _solve(x[rows], y[rows] - static * dt[rows])
+    coef = _solve(np.column_stack((dt, x))[rows], y[rows])
+    return float(coef[0]), coef[1:]
+
+
 def _fit_at(problem: Problem, per_step: np.ndarray, lag_ms: float) -> StepCost:
     usable = problem.usable
     x = _columns(problem, per_step, problem.design(lag_ms))
     y = problem.energy
-    static = problem.static_w
-
-    def solve(train: np.ndarray) -> tuple[float, np.ndarray]:
-        if static is not None:
-            return static, _solve(x[train], y[train] - static * problem.dt[train])
-        coef = _solve(np.column_stack((problem.dt, x))[train], y[train])
-        return float(coef[0]), coef[1:]
-
-    static_w, costs = solve(usable)
+    static_w, costs = _fit_rows(problem, x, usable)
     residual = (y - static_w * problem.dt - x @ costs)[usable]
     centred = y[usable] - y[usable].mean()
     r2 = 1.0 - float(residual @ residual) / float(centred @ centred) if centred.any() else None
@@ -299,9 +364,9 @@ def _fit_at(problem: Problem, per_step: np.ndarray, lag_ms: float) -> StepCost:
         for block in np.array_split(np.flatnonzero(usable), FOLDS):
             train = usable.copy()
             train[block] = False
-            s, c = solve(train)
+            s, c = _fit_rows(problem, x, train)
             out.append((y - s * problem.dt - x @ c)[block])
         held_out = float(np.sqrt(np.mean(np.concatenate(out) ** 2))) / problem.scale
     in_sample = float(np.sqrt(np.mean(residual**2))) / problem.scale
-    errors = _standard_errors(x[usable], residual, costs)
+    errors = _standard_errors(x[usable], residual)
     return StepCost(static_w, costs, "", errors, r2, held_out, in_sample, int(usable.sum()), lag_ms=lag_ms)

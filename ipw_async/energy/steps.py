@@ -19,6 +19,7 @@ import polars as pl
 
 from .._clock import NS
 from ..records import CHARS_PER_TOKEN
+from .padding import padded_buckets
 from .placement import place_prefill
 
 # The shortest steps, as a low percentile of inter-token latency rather than its least: a
@@ -80,6 +81,10 @@ class Steps:
     entry_position: np.ndarray = field(default_factory=lambda: np.zeros(0))
     duration_fit: dict[str, float] = field(default_factory=dict)
     placement: dict[str, object] = field(default_factory=dict)  # how the prompts were placed
+    # per step, a padded decode graph's rows and attention length (:mod:`.padding`)
+    padded_rows: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    padded_length: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    _first_decoders: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def count(self) -> int:
@@ -88,6 +93,15 @@ class Steps:
     def per_step(self, entry_values: np.ndarray) -> np.ndarray:
         """An entry feature summed over each step's entries."""
         return np.bincount(self.step.astype(np.int64), weights=entry_values, minlength=self.count)
+
+    def first_decoders(self) -> np.ndarray:
+        """Each step's first decoding entry (steps with none have none), found once: every
+        step cost and both readings of the context start from it."""
+        if self._first_decoders is None:
+            decoding = self.entry_decode > 0
+            _, head = np.unique(np.where(decoding, self.step, -1), return_index=True)
+            self._first_decoders = head[decoding[head]]
+        return self._first_decoders
 
     @property
     def context(self) -> np.ndarray:
@@ -166,6 +180,7 @@ def infer_steps(
     arrived = np.full(n_steps, np.inf)
     np.minimum.at(arrived, steps.step, sent[steps.req])
     steps.start = np.where(np.isfinite(arrived), np.clip(arrived, steps.start, steps.end), steps.start)
+    steps.padded_rows, steps.padded_length = padded_buckets(steps, sent)
     return steps
 
 
