@@ -202,6 +202,7 @@ def _apply(
 
 
 def _energy(timeline: Timeline, split: Split) -> np.ndarray:
+    """Each request's energy by ``split``: one of a band's estimates."""
     return _apply(timeline, split, imputed=False)[0]
 
 

@@ -13,8 +13,9 @@ The client sees every request's first and last step, which is what slots are all
 request takes the lowest free slot when its first step runs (its prompt's first chunk, first
 come first served) and frees it after its last. Replaying that from the inferred steps
 reproduces the real server's padded batch and attention bucket in every one of its steps.
-On an engine that keeps its batch dense (no slots left empty by finished requests) the replay
-pads the decoders' count instead, and the fit weighs these costs by what the meter shows.
+An engine that keeps its batch dense (moving requests down into the rows finished ones left)
+pads only its decoders' count, which the replay's highest slot can exceed: there the fit,
+beside a cost per decoded token and per second, gives these costs what the meter shows.
 """
 
 from __future__ import annotations
