@@ -24,12 +24,27 @@ def entries(steps: list[dict[int, float]], prefill: dict[int, int] | None = None
             req.append(r), step.append(k), decode.append(1.0), context.append(reach / 1000)
     for r, k in (prefill or {}).items():
         req.append(r), step.append(k), decode.append(0.0), context.append(0.0)
-    n, zeros = len(steps), np.zeros(len(req))
+    n = len(steps)
+    return decoding_steps(
+        np.arange(n, dtype=float), np.arange(n, dtype=float) + 1, req, step, decode, context
+    )
+
+
+def decoding_steps(
+    start: np.ndarray,
+    end: np.ndarray,
+    req: list[int],
+    step: list[int],
+    decode: list[float],
+    context: list[float],
+) -> Steps:
+    """Steps of these times whose entries decode ``decode`` tokens reading ``context`` (thousands)."""
+    zeros = np.zeros(len(req))
     return Steps(
-        np.arange(n, dtype=float),
-        np.arange(n, dtype=float) + 1,
-        np.bincount(step, weights=decode, minlength=n),
-        np.zeros(n),
+        start,
+        end,
+        np.bincount(step, weights=decode, minlength=start.size),
+        np.zeros(start.size),
         np.array(req),
         np.array(step),
         np.array(decode),
@@ -90,20 +105,7 @@ def _server_steps(log: dict, t0_ns: int, index: dict[str, int], lo: float, hi: f
             context.append((prompt[rid] + done[rid]) / 1000)
         for rid in s["prefill"]:
             req.append(index[rid]), step.append(k), decode.append(0.0), context.append(0.0)
-    n, zeros = len(start), np.zeros(len(req))
-    counts = np.bincount(step, weights=decode, minlength=n)
-    return Steps(
-        np.array(start),
-        np.array(end),
-        counts,
-        np.zeros(n),
-        np.array(req),
-        np.array(step),
-        np.array(decode),
-        zeros,
-        np.array(context),
-        zeros,
-    )
+    return decoding_steps(np.array(start), np.array(end), req, step, decode, context)
 
 
 @pytest.mark.skipif(

@@ -289,7 +289,7 @@ def fit_step_cost(
         )
     best.static_source, best.context_cost = source, context_cost
     x = _columns(problem, per_step, problem.design(best.lag_ms))
-    best.replicates = _bootstrap(problem, x) + _near_ties(problem, x, best.costs)
+    best.replicates = _bootstrap(problem, x) + _near_ties(problem, x, best)
     if best.held_out_error is None:
         best.notes.append(
             f"{n} meter intervals: too few to hold any out; the band takes twice the in-sample error"
@@ -314,11 +314,12 @@ def _bootstrap(problem: Problem, x: np.ndarray) -> list[tuple[float, np.ndarray]
     ]
 
 
-def _near_ties(problem: Problem, x: np.ndarray, costs: np.ndarray) -> list[tuple[float, np.ndarray]]:
-    """The costs refitted without each cost found, where the meter's intervals cannot tell
-    that fit from the whole one (:data:`NEAR_TIE_BIC`): costs that stand in for each other
-    (a prompt's forward and its tokens, a step's time and its padded rows) split a step
-    differently while fitting the totals alike, and resampling the intervals moves neither."""
+def _near_ties(problem: Problem, x: np.ndarray, best: StepCost) -> list[tuple[float, np.ndarray]]:
+    """The costs refitted without each cost ``best`` found (its fit to all of ``x``), where the
+    meter's intervals cannot tell that fit from the whole one (:data:`NEAR_TIE_BIC`): costs
+    that stand in for each other (a prompt's forward and its tokens, a step's time and its
+    padded rows) split a step differently while fitting the totals alike, and resampling the
+    intervals moves neither."""
     usable = problem.usable
     n = int(usable.sum())
     if n < MIN_INTERVALS:
@@ -328,9 +329,9 @@ def _near_ties(problem: Problem, x: np.ndarray, costs: np.ndarray) -> list[tuple
         residual = (problem.energy - static * problem.dt - x @ c)[usable]
         return max(float(residual @ residual), 1e-12)
 
-    whole = rss(*_fit_rows(problem, x, usable))
+    whole = rss(best.static_w, best.costs)
     out = []
-    for j in np.flatnonzero(costs > 0):
+    for j in np.flatnonzero(best.costs > 0):
         without = x.copy()
         without[:, j] = 0.0
         static, c = _fit_rows(problem, without, usable)
