@@ -14,7 +14,7 @@ from ipw_async import finalize
 from ipw_async.energy import AttributionConfig, attribute
 from ipw_async.energy.attribute import model_choice
 from ipw_async.energy.model import PowerModel
-from ipw_async.energy.stepcost import CONTEXT_COSTS, COSTS, TERMS, StepCost, entry_features
+from ipw_async.energy.stepcost import CONTEXT_COSTS, COSTS, TERMS, StepCost, _decay, entry_features
 from ipw_async.energy.steps import Steps
 from ipw_async.records import RequestRecord, records_frame
 from ipw_async.telemetry.base import Meter
@@ -308,8 +308,8 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 # p95 of |error| against each real run's v2 reference, as this rule reached it (1.5 / 3.9 /
 # 10.6%), with room for float noise: a change that makes any real run worse fails here
 REACHED = {"h100-8b-graphs/c8": 0.02, "h100-8b-graphs/c128": 0.04, "h100-8b-graphs/pois": 0.11}
-# the band's median half-width there (3.4 / 3.3 / 10.7%): the issue's bar is 15%
-BAND = {"h100-8b-graphs/c8": 0.04, "h100-8b-graphs/c128": 0.035, "h100-8b-graphs/pois": 0.11}
+# the band's median half-width there (4.3 / 3.5 / 11.7%): the issue's bar is 15%
+BAND = {"h100-8b-graphs/c8": 0.045, "h100-8b-graphs/c128": 0.04, "h100-8b-graphs/pois": 0.12}
 
 
 @pytest.mark.skipif(
@@ -367,8 +367,10 @@ def test_a_power_model_that_explains_the_meter_about_as_well_is_inside_the_band(
 
 def test_the_band_narrows_as_the_meter_says_more_and_holds_the_truth_throughout() -> None:
     """The band spans the costs refitted to resamplings of the meter's intervals: a run four
-    times as long pins the costs down better, so its band is narrower, and both hold the
-    truth. The band is a function of the run: finalizing it again gives the same one."""
+    times as long pins the costs down better, so its band is narrower (less so than the refits
+    alone: the token-work split it also spans is a different form of the costs, which more
+    data do not move), and both hold the truth. The band is a function of the run: finalizing
+    it again gives the same one."""
     widths = []
     for seconds in (12.0, 48.0):
         recs, tel, truth = _run(np.random.default_rng(3), 2.2, 0.014, seconds=seconds)
@@ -379,4 +381,26 @@ def test_the_band_narrows_as_the_meter_says_more_and_holds_the_truth_throughout(
         assert again.sort("request_id").get_column("energy_high_j").to_list() == high.tolist()
         assert np.mean((low <= truth) & (truth <= high)) >= 0.9
         widths.append(float(np.median((high - low) / 2 / out.get_column("energy_j").to_numpy())))
-    assert widths[1] < 0.8 * widths[0]
+    assert widths[1] < 0.9 * widths[0]
+
+
+def test_the_band_falls_over_a_request_as_the_fit_s_residuals_do() -> None:
+    """A request's band widens by the fit's interval error over its window. Residuals
+    independent from interval to interval fall as 1/√k over k intervals; a misfit that recurs
+    (the same kind of step misjudged all run) falls far less, and the band says so; it never
+    falls faster than independent errors would."""
+    rng = np.random.default_rng(7)
+    white = rng.normal(size=4000)
+    persistent = np.repeat(rng.normal(size=40), 100) + 0.2 * white  # a misfit 100 intervals long
+    spans = np.array([1.0, 16.0, 100.0, 400.0])
+    errors = {}
+    for name, residual in (("white", white), ("persistent", persistent)):
+        cost = StepCost(100.0, np.zeros(len(TERMS)), "measured", held_out_error=0.1, decay=_decay(residual))
+        errors[name] = cost.window_error(spans)
+    independent = 0.1 / np.sqrt(spans)
+    assert errors["white"] == pytest.approx(independent, rel=0.15)
+    assert np.all(errors["persistent"] >= independent * (1 - 1e-12))
+    assert errors["persistent"][2] > 5 * independent[2]  # over the misfit's length, little falls
+    assert errors["persistent"][0] == pytest.approx(0.1)  # one interval: the interval error itself
+    unknown = StepCost(100.0, np.zeros(len(TERMS)), "measured", held_out_error=0.1, decay=_decay(white[:10]))
+    assert unknown.window_error(spans) == pytest.approx(independent)  # too few intervals to tell

@@ -430,15 +430,18 @@ def _cost_estimate(
     alike: list[PowerModel],
 ) -> _Estimate:
     """The step costs' split, with the band of the costs refitted to resampled intervals, the
-    other reading of the context (neither the meter nor step times tell them apart) and a
-    rival power model's split: it spans what each could move."""
-    timeline = Timeline(vc, inputs.active, [], inputs.requests.height)
+    other reading of the context (neither the meter nor step times tell them apart), a rival
+    power model's split and the split by token work over the same static power: the form of
+    the costs is itself a model, and token work is the split convention v2 gives a step with
+    no fixed cost. The band spans what each could move."""
+    timeline = Timeline(vc, inputs.active, [inputs.work.placed], inputs.requests.height)
     energy, imputed_part, idle, pooled_idle = _apply(timeline, rule(inputs))
     seen = inputs.designs(cost.lag_ms)
     other = replace(cost, context_cost=next(c for c in CONTEXT_COSTS if c != cost.context_cost))
     others = [_energy(timeline, step_cost_split(c, inputs.work, seen)) for c in (*cost.replicated(), other)]
     others += [_energy(timeline, inputs.model_split(m)) for m in alike]
-    low, high = cost_band(timeline, [energy, *others], cost.band_error)
+    others.append(_energy(timeline, _tokens(inputs)))
+    low, high = cost_band(timeline, [energy, *others], cost.window_error)
     return timeline, energy, imputed_part, idle, pooled_idle, low, high
 
 

@@ -12,6 +12,7 @@ intervals it was not fitted to.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -71,7 +72,9 @@ def band(
     fitted to, relative to a typical interval. An interval mis-predicted by that much is split
     among its requests about as far off, and a request's intervals err alike (the same weights
     misjudge it in each), so its estimate is widened by Z times that error, not by less."""
-    unexplained, fitted_static = timeline.unexplained(placements[-1].weighted(BAND_PREFILL_WEIGHTS[0]), baseline)
+    unexplained, fitted_static = timeline.unexplained(
+        placements[-1].weighted(BAND_PREFILL_WEIGHTS[0]), baseline
+    )
     estimates = list(estimates)
     for segments in placements:
         for weight in BAND_PREFILL_WEIGHTS:
@@ -84,10 +87,12 @@ def band(
     return np.maximum(np.min(estimates, axis=0) - spread, 0.0), np.max(estimates, axis=0) + spread
 
 
-def cost_band(timeline: Timeline, estimates: list[np.ndarray], error: float) -> tuple[np.ndarray, np.ndarray]:
-    """The least and most each request could have used under step costs: the split with each
-    cost moved by its standard error (``estimates``, the chosen split first), widened by the
-    fit's interval ``error`` (relative to a typical interval) as it reaches a request: its share
-    of an interval is off by that share of it, and separate intervals' errors add up as √k."""
-    spread = Z * error / np.sqrt(np.maximum(timeline.intervals_spanned(), 1.0)) * estimates[0]
+def cost_band(
+    timeline: Timeline, estimates: list[np.ndarray], window_error: Callable[[np.ndarray], np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The least and most each request could have used under step costs: the splits
+    ``estimates`` (the chosen one first), widened by the fit's error over a window as long as
+    each request's (``window_error`` of the meter intervals it spans, relative): its share of
+    those intervals is off by that share of their error."""
+    spread = Z * window_error(timeline.intervals_spanned()) * estimates[0]
     return np.maximum(np.min(estimates, axis=0) - spread, 0.0), np.max(estimates, axis=0) + spread

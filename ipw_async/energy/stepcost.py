@@ -163,6 +163,8 @@ class StepCost:
     lag_ms: float = 0.0  # the meter's lag behind the device the fit chose
     context_cost: str = "shared"  # how a step's context reads are shared (CONTEXT_COSTS)
     replicates: list[tuple[float, np.ndarray]] = field(default_factory=list)  # (static, costs) bootstrapped
+    # how the fit's error falls over windows of meter intervals (:func:`_decay`): lengths, factors
+    decay: tuple[np.ndarray, np.ndarray] | None = None
 
     def entry_energy(self, features: np.ndarray) -> np.ndarray:
         """Each entry's modelled energy (J): its own costs and its equal share of the step's."""
@@ -181,6 +183,22 @@ class StepCost:
     def band_error(self) -> float:
         """The interval error the band widens by (:func:`.band.interval_error`)."""
         return interval_error(self.held_out_error, self.in_sample_error)
+
+    def window_error(self, spanned: np.ndarray) -> np.ndarray:
+        """The band's relative error for requests spanning ``spanned`` meter intervals: the
+        interval error (:attr:`band_error`) falling over that many intervals as the fit's
+        residuals fall when summed over windows that long, and never faster than independent
+        errors do (1/√k). A cost form that misjudges one kind of step errs alike wherever that
+        step recurs, and over a long request its error falls far less than 1/√k."""
+        k = np.maximum(spanned, 1.0)
+        independent = 1.0 / np.sqrt(k)
+        if self.decay is None:
+            return self.band_error * independent
+        lengths, factors = self.decay
+        longest = lengths[-1]
+        # beyond the longest window measured, errors are taken as independent from there on
+        within = np.exp(np.interp(np.log(np.minimum(k, longest)), np.log(lengths), np.log(factors)))
+        return self.band_error * np.maximum(within * np.sqrt(np.minimum(k, longest) / k), independent)
 
     def replicated(self) -> list[StepCost]:
         """The costs refitted to resamplings of the meter's intervals (:func:`_bootstrap`): the
@@ -341,6 +359,22 @@ def _near_ties(problem: Problem, x: np.ndarray, best: StepCost) -> list[tuple[fl
     return out
 
 
+def _decay(residual: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """How ``residual`` (an interval's, in time order) falls when summed over windows of w
+    intervals: the windows' RMS over w times the intervals' (1/√w where they are independent),
+    for w on a log grid up to a quarter of the run (longer ones have too few windows to say);
+    None with too few intervals to tell."""
+    if residual.size < FOLDS * MIN_FOLD_INTERVALS:
+        return None
+    rms = float(np.sqrt(np.mean(residual**2)))
+    if rms <= 0:
+        return None
+    summed = np.concatenate(([0.0], np.cumsum(residual)))
+    lengths = np.unique(np.geomspace(1, residual.size // 4, 24).astype(int))
+    factors = np.array([np.sqrt(np.mean((summed[w:] - summed[:-w]) ** 2)) / (w * rms) for w in lengths])
+    return lengths.astype(float), np.maximum(factors, 1e-12)
+
+
 def _fit_rows(problem: Problem, x: np.ndarray, rows: np.ndarray) -> tuple[float, np.ndarray]:
     """Static power (the problem's, or fitted where it has none) and the costs, fitted to the
     meter intervals ``rows`` (a mask, or indices that may repeat) of the design ``x``."""
@@ -370,4 +404,15 @@ def _fit_at(problem: Problem, per_step: np.ndarray, lag_ms: float) -> StepCost:
         held_out = float(np.sqrt(np.mean(np.concatenate(out) ** 2))) / problem.scale
     in_sample = float(np.sqrt(np.mean(residual**2))) / problem.scale
     errors = _standard_errors(x[usable], residual)
-    return StepCost(static_w, costs, "", errors, r2, held_out, in_sample, int(usable.sum()), lag_ms=lag_ms)
+    return StepCost(
+        static_w,
+        costs,
+        "",
+        errors,
+        r2,
+        held_out,
+        in_sample,
+        int(usable.sum()),
+        lag_ms=lag_ms,
+        decay=_decay(residual),
+    )
