@@ -186,7 +186,9 @@ class _Windows:
             times = time_column(source) if time_column(source) in log.columns else "t_ns"
             # nulls kept (the aggregates skip them) and a stable sort: the same rows in the same
             # order for every column on one clock, so their windows are found once
-            samples = log.select(times, column).filter(pl.col(times).is_not_null()).sort(times, maintain_order=True)
+            samples = (
+                log.select(times, column).filter(pl.col(times).is_not_null()).sort(times, maintain_order=True)
+            )
             query, position = self._in_windows(times, samples.get_column(times).to_numpy())
             # every window's samples at once, one row per (query, sample): a loop over the
             # queries cost 2 s a statistic at 100,000 of them
@@ -257,7 +259,7 @@ def _struct_of(fields: dict[str, Any], height: int, leaves: list[pl.Series]) -> 
             continue
         leaf = f"_{len(leaves)}"
         if isinstance(value, np.ndarray) and value.dtype.kind == "f":
-            leaves.append(pl.Series(leaf, value, dtype=pl.Float64).fill_nan(None))
+            leaves.append(pl.Series(leaf, value, dtype=pl.Float64, nan_to_null=True))
         elif isinstance(value, pl.Series):
             leaves.append(value.alias(leaf))
         elif isinstance(value, _Unknown):  # null, in the type the field has where it is known

@@ -37,6 +37,7 @@ TELEMETRY_PARQUET = "telemetry.parquet"
 REPORT = "report.html"  # `export html`, or `analyze`: the run on one page
 DATASET = "dataset"  # `export ipw`: the run as a Hugging Face dataset, in IPW's layout
 
+WRITE_BUFFER = 1 << 20  # bytes a whole frame's writer gathers before a system call
 _FILE_MAGIC = b"ARROW1"  # an Arrow IPC *file* (footer and all): what earlier versions wrote
 
 
@@ -128,7 +129,7 @@ def _write_all(fd: int, data: Any) -> None:
 
 class _FileSink:
     """A write-only file object for pyarrow: what it is handed goes straight to the file (and
-    into ``digest``), with no copy on the way; a whole frame needs no batch kept back."""
+    into ``digest``); a whole frame needs no batch kept back."""
 
     closed = False
 
@@ -145,6 +146,9 @@ class _FileSink:
     def flush(self) -> None:
         pass
 
+    def close(self) -> None:
+        self.closed = True  # the descriptor is its caller's to close
+
 
 def write_frame(frame: pl.DataFrame, path: Path, digest: Any = None) -> None:
     """Write a whole frame as an Arrow IPC stream (an empty first batch, as a run's streams
@@ -153,11 +157,13 @@ def write_frame(frame: pl.DataFrame, path: Path, digest: Any = None) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     table = to_arrow(frame)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    sink = _FileSink(fd, digest)
+    # a column's buffers are handed over one by one: coalesced here, not a system call each
+    sink = pa.BufferedOutputStream(pa.PythonFile(_FileSink(fd, digest), mode="w"), WRITE_BUFFER)
     try:
-        with ipc.new_stream(pa.PythonFile(sink, mode="w"), table.schema) as writer:
+        with ipc.new_stream(sink, table.schema) as writer:
             writer.write_batch(pa.RecordBatch.from_pylist([], schema=table.schema))
             writer.write_table(table)
+        sink.close()
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)  # half a frame is no file to leave behind
