@@ -42,12 +42,14 @@ draw's physics line names the effects drawn (``effects: none`` when none) and th
 ``leak`` W with its time constant, ``cap`` W and mode), and the power model chosen.
 
 Each draw's simulator also logs its steps, so three more rows say where an error comes from:
-``sim steps+model`` splits the meter by the simulator's own steps and physics (what remains is
-the meter's resolution: no rule can do better from it), ``sim model`` by its physics over the
-steps the run inferred (what remains is that and the step inference), and ``fit, true
-effects`` is the fitted rule told which effects the device has (``--power-model``): what it
-adds to ``sim model`` is the weights the run could not identify, and the default's difference
-from it the selection's. A last table gives each draw's p95 built up over these stages and the
+``sim steps+model`` splits the meter over the simulator's own steps as it split each of them
+(each step's power as drawn, each request's share as it caused it: what remains is the
+meter's resolution, and no rule can do better from it), ``sim power model`` by its
+power model over the same steps (what it adds is the power model's form: it has no term for
+graph, forward or per-token joules), ``sim model`` by its power model over the steps the run
+inferred (what it adds is the step inference), and ``fit, true effects`` is the fitted rule
+told which effects the device has (``--power-model``): what it adds to ``sim model`` is the
+weights the run could not identify, and the default's difference from it the selection's. A last table gives each draw's p95 built up over these stages and the
 stage that bounds it. The aggregate gives each method's
 median and worst p95, over all draws and over those with a counter of 100 ms or less; then,
 over the latter, the default's checks: draws with a p95 ≤ 5%, the median draw's p95, the
@@ -120,12 +122,14 @@ def cases(quick: bool) -> list[Case]:
 
 DEFAULT = "steps (default)"  # what `ipw-async run` reports unless told otherwise
 FITTED = "fitted"  # the power model fitted to the run, its per-step power shared equally
-FLOOR = "sim steps+model"  # the simulator's own steps and physics: the meter's resolution
+FLOOR = "sim steps+model"  # the simulator's own steps, split as it split them: the meter's resolution
+FORM = "sim power model"  # its power model over its own steps: the power model's form
 GIVEN = "fit, true effects"  # the fitted rule told which effects the device has: no selection
 # Where the default's error comes from, stage by stage: each oracle row removes one stage
 STAGES = (
     ("meter", None, FLOOR),
-    ("steps", FLOOR, "sim model"),
+    ("form", FLOOR, FORM),
+    ("steps", FORM, "sim model"),
     ("weights", "sim model", GIVEN),
     ("selection", GIVEN, DEFAULT),
 )
@@ -272,10 +276,15 @@ def score(
     rows["total/N"] = unconstrained(np.full(true.size, total / true.size))
     if engine is not None and "steps" in truth:
         # the simulator's own steps and physics in place of the run's inferences: what is left
-        # is the meter's resolution (logged steps), or that and the inferred steps
+        # is the meter's resolution (logged steps), that and the power model's form, or those
+        # and the inferred steps
         ids = raw.get_column("request_id").to_numpy()[keep]
         known = known_energy(run_dir, truth, engine)
-        for name, key in ((FLOOR, "logged steps"), ("sim model", "inferred steps")):
+        for name, key in (
+            (FLOOR, "logged steps"),
+            (FORM, "logged steps, power model"),
+            ("sim model", "inferred steps"),
+        ):
             rows[name] = unconstrained(np.array([known[key][i] for i in ids]))
     return rows, true, long, summary
 
@@ -488,11 +497,13 @@ def print_aggregate(results: list[dict[str, Any]]) -> None:
 
 def print_bounds(results: list[dict[str, Any]]) -> None:
     """Per draw, the default's p95 built up stage by stage from the oracles: the meter's floor
-    (the simulator's steps and physics), then the steps inferred instead, then the power model's
+    (the simulator's steps, split as it split them), then its power model over those steps,
+    then over the steps inferred instead, then the power model's
     weights fitted (its effects given), then the effects chosen; the largest step bounds it."""
     print("\nwhere the default's p95 comes from, stage by stage (each oracle row removes one stage):")
     print(
-        f"{'draw':<5} {'counter':>8} {'meter':>7} {'+steps':>7} {'+weights':>9} {'+selection':>11}  bound    effects"
+        f"{'draw':<5} {'counter':>8} {'meter':>7} {'+form':>7} {'+steps':>7} {'+weights':>9} {'+selection':>11}"
+        "  bound    effects"
     )
     bounds: dict[str, list[int]] = {name: [] for name, _, _ in STAGES}
     for r in results:
@@ -504,7 +515,7 @@ def print_bounds(results: list[dict[str, Any]]) -> None:
         bound = max(steps, key=lambda name: steps[name])
         bounds[bound].append(seed)
         print(
-            f"#{seed:<4} {r['counter_ms']:>6.0f}ms {steps['meter']:>7.1%} {steps['steps']:>+7.1%} "
+            f"#{seed:<4} {r['counter_ms']:>6.0f}ms {steps['meter']:>7.1%} {steps['form']:>+7.1%} {steps['steps']:>+7.1%} "
             f"{steps['weights']:>+9.1%} {steps['selection']:>+11.1%}  {bound:<8} {','.join(r['effects']) or 'none'}"
         )
     print("draws bounded by each stage: " + "; ".join(f"{k} {len(v)} {v}" for k, v in bounds.items()))

@@ -231,7 +231,7 @@ async def _run(config: EngineConfig, *requests: SimRequest) -> Engine:
 
 def _nominal_s(config: EngineConfig, step: list[Any]) -> float:
     """A logged step's duration before any stretch, from its chunks and decoders (unpadded)."""
-    _, _, chunks, decoders, _, _ = step
+    _, _, chunks, decoders, *_ = step
     weighted = sum(w for _, _, w in chunks) / config.prefill_work
     return (
         config.step_base_ms
@@ -254,7 +254,7 @@ def replayed_dynamic_j(
     prefilled = dict.fromkeys(prompts, 0)
     emitted = dict.fromkeys(prompts, 0)
     total = 0.0
-    for start, end, chunks, decoders, work, static_w in steps:
+    for start, end, chunks, decoders, work, static_w, *_ in steps:
         explicit = 0.0
         for key, tokens, _ in chunks:
             reach = prefilled[key] + tokens
@@ -310,9 +310,12 @@ async def test_truth_adds_up_with_every_effect_on() -> None:
     assert isinstance(metered, float) and 0.9 * total < metered < total  # a lagging meter trails
     # the log accounts for every step's dynamic energy: the device's, above its (warm) static
     steps = truth["steps"]
-    assert isinstance(steps, list) and steps and all(len(step) == 6 for step in steps)
-    for _, _, chunks, decoders, work, static_w in steps:
+    assert isinstance(steps, list) and steps and all(len(step) == 8 for step in steps)
+    for _, _, chunks, decoders, work, static_w, dynamic_w, caused in steps:
         assert work == pytest.approx(sum(w for _, _, w in chunks) + sum(w for _, w in decoders))
+        # what each request caused: every request in the step, and no other
+        assert {key for key, _ in caused} == {c[0] for c in chunks} | {d[0] for d in decoders}
+        assert dynamic_w >= 0 and all(j > 0 for _, j in caused)
         assert config.static_w <= static_w <= config.static_w + config.thermal_leak_w + config.clocks_up_w
     # each wave came to an empty server: its requests took slots 0, 1, … in order
     slots = {r.key: i for wave in (first, second) for i, r in enumerate(wave)}

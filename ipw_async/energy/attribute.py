@@ -225,15 +225,19 @@ def split_with_known(
     steps: Steps,
     model: PowerModel,
     config: AttributionConfig,
+    exact: Callable[[sparse.csr_matrix], StepShares] | None = None,
 ) -> np.ndarray:
     """Each request's energy when the engine's steps and the device's power model are known
     rather than inferred (a simulator's own account): the same pooled split of every meter
-    interval, so what remains against the truth is what the meter could not resolve."""
+    interval, so what remains against the truth is what the meter could not resolve. The
+    steps' split is the model's, or ``exact``'s given the seconds of each step the meter saw
+    (the split the device itself made, where it logged one)."""
     sent, end = _windows(requests)
     vc = covering(virtual_counter(telemetry, meter, config.gap_factor, config.session_starts_ns), sent, end)
     if vc is None or not requests.height:
         return np.full(requests.height, np.nan)
-    shares = step_shares(steps, model, design(vc.t, steps, model.lag_ms))
+    seen = design(vc.t, steps, model.lag_ms)
+    shares = step_shares(steps, model, seen) if exact is None else exact(seen)
     split = Split(None, model.static_at, True, shares)
     return _apply(Timeline(vc, equal_segments(sent, end), [], requests.height), split)[0]
 

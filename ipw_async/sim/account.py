@@ -9,16 +9,19 @@ inferred steps, and how much the fitted model: the decomposition behind
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
+from scipy import sparse
 
 from ..energy import AttributionConfig, request_windows, split_with_known
 from ..energy.drift import Drift
 from ..energy.model import PowerModel
+from ..energy.split import StepShares
 from ..energy.steps import Steps, steps_of
 from ..rundir.read import RunDir
 from .physics import EngineConfig
@@ -47,7 +50,7 @@ def logged_steps(requests: pl.DataFrame, truth: dict[str, Any], t0_ns: int, pref
     index = {str(r): i for i, r in enumerate(requests.get_column("request_id").to_list())}
     start, end, decode, prefill = [], [], [], []
     req, step, entry_decode, entry_prefill = [], [], [], []
-    for a, b, chunks, decoders, _work, _static in truth["steps"]:
+    for a, b, chunks, decoders, *_ in truth["steps"]:
         k = len(start)
         start.append(a - t0_ns)
         end.append(b - t0_ns)
@@ -71,6 +74,33 @@ def logged_steps(requests: pl.DataFrame, truth: dict[str, Any], t0_ns: int, pref
     return Steps(*floats, *ints, np.asarray(entry_decode), np.asarray(entry_prefill), zeros, zeros)
 
 
+def caused_shares(
+    truth: dict[str, Any], requests: pl.DataFrame
+) -> Callable[[sparse.csr_matrix], StepShares] | None:
+    """The logged steps' exact split: each step's power above static as the device drew it,
+    and each request's share of the step as it caused it (the simulator's truth, step by step);
+    None for a run whose simulator did not log them (one recorded before it did)."""
+    rows = truth["steps"]
+    if not rows or len(rows[0]) < 8:
+        return None
+    index = {str(r): i for i, r in enumerate(requests.get_column("request_id").to_list())}
+    dynamic_w = np.array([row[6] for row in rows], dtype=float)
+    req, step, share = [], [], []
+    for k, row in enumerate(rows):
+        total = sum(j for _, j in row[7])
+        for key, joules in row[7]:
+            if key in index and total > 0:
+                req.append(index[key])
+                step.append(k)
+                share.append(joules / total)
+
+    def shares(seconds_seen: sparse.csr_matrix) -> StepShares:
+        seen = (seconds_seen @ sparse.diags(dynamic_w)).tocsr()
+        return StepShares(seen, np.asarray(req, dtype=int), np.asarray(step, dtype=int), np.asarray(share))
+
+    return shares
+
+
 def logged_static(truth: dict[str, Any], t0_ns: int, static_w: float) -> Drift | None:
     """Static power as the engine logged it step by step, where it drifted (a warming die)."""
     t = np.array([(a + b) / 2 - t0_ns for a, b, *_ in truth["steps"]], dtype=float)
@@ -83,9 +113,11 @@ def logged_static(truth: dict[str, Any], t0_ns: int, static_w: float) -> Drift |
 def known_energy(
     run_dir: str | Path, truth: dict[str, Any], engine: EngineConfig
 ) -> dict[str, dict[int, float]]:
-    """Per request id, its energy split by the simulator's physics over the logged steps
-    (``"logged steps"``: the meter's floor) and over the steps the run infers (``"inferred
-    steps"``)."""
+    """Per request id, its energy split over the logged steps as the simulator split them
+    (``"logged steps"``: the meter's floor; by its power model where the run's simulator did not
+    log each step's split), by its power model over the logged steps (``"logged steps, power
+    model"``: the model has no term for graph, forward or per-token joules, and errs where the
+    device has them) and over the steps the run infers (``"inferred steps"``)."""
     if "steps" not in truth:
         raise ValueError("the simulator kept no steps: run it with record_steps")
     run = RunDir.open(run_dir)
@@ -102,10 +134,12 @@ def known_energy(
     model = replace(physics(engine), drift=logged_static(truth, t0, engine.static_w))
     ids = requests.get_column("request_id").to_list()
     out = {}
-    for name, steps in (
-        ("logged steps", logged_steps(requests, truth, t0, engine.prefill_work)),
-        ("inferred steps", steps_of(requests)),
+    logged = logged_steps(requests, truth, t0, engine.prefill_work)
+    for name, steps, exact in (
+        ("logged steps", logged, caused_shares(truth, requests)),
+        ("logged steps, power model", logged, None),
+        ("inferred steps", steps_of(requests), None),
     ):
-        energy = split_with_known(telemetry, meter, requests, steps, model, config)
+        energy = split_with_known(telemetry, meter, requests, steps, model, config, exact)
         out[name] = dict(zip(ids, energy.tolist(), strict=True))
     return out

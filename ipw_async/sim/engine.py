@@ -355,7 +355,8 @@ class Engine:
             if cfg.record_steps:
                 chunks: list[list[object]] = [[r.key, c, w] for r, c, w in step.prefill]
                 rows: list[list[object]] = [[r.key, w] for r, w in step.decode]
-                self.step_log.append((start, worked, chunks, rows, step.work, static_w))
+                caused = [[r.key, j] for r, j in step.caused.items()]
+                self.step_log.append((start, worked, chunks, rows, step.work, static_w, dynamic_w, caused))
             emitting = [r for r, _ in step.decode]
             for r, chunk, _ in step.prefill:
                 r.prefilled += chunk
@@ -413,11 +414,13 @@ class Engine:
 
         ``total_j`` is the device's true energy; ``metered_total_j`` what its (lagging) meter
         integrated by then. With ``record_steps``, ``steps`` lists each engine step as
-        ``(start_ns, end_ns, chunks, decoders, work, static_w)``: ``end_ns`` when the device
-        finished its work (its tokens stream when the engine's loop wakes, a little later),
-        ``chunks`` as ``[request key, prompt tokens in the chunk, the chunk's work]``,
-        ``decoders`` as ``[request key, its decode work]`` (padded: the graph's work shared
-        equally), ``work`` the step's total and ``static_w`` the static power during it.
+        ``(start_ns, end_ns, chunks, decoders, work, static_w, dynamic_w, caused)``: ``end_ns``
+        when the device finished its work (its tokens stream when the engine's loop wakes, a
+        little later), ``chunks`` as ``[request key, prompt tokens in the chunk, the chunk's
+        work]``, ``decoders`` as ``[request key, its decode work]`` (padded: the graph's work
+        shared equally), ``work`` the step's total, ``static_w`` the static power during it,
+        ``dynamic_w`` the power above it (after the power limit) and ``caused`` as ``[request
+        key, the joules it caused at full clocks]``: the step's split by convention v2.
         """
         if self._idle:
             self._settle(now_ns(), [])
