@@ -246,7 +246,9 @@ async def test_analyze_finishes_a_run_that_died_first(tmp_path: Path) -> None:
         (result.run_dir / name).unlink()
     with pytest.raises(RunDirError, match=r"cut short.*ipw-async recover"):
         analyze(result.run_dir, "accuracy", write=False)  # the library never finishes a run itself
-    cli = await asyncio.to_thread(_finish, [sys.executable, "-m", "ipw_async", "analyze", str(result.run_dir)])
+    cli = await asyncio.to_thread(
+        _finish, [sys.executable, "-m", "ipw_async", "analyze", str(result.run_dir)]
+    )
     assert cli.returncode == 0, cli.stderr
     assert "it was cut short" in cli.stderr  # the command finishes it first, and says so
     assert json.loads((result.run_dir / "summary.json").read_text())["requests"]["total"] == 12
@@ -317,3 +319,43 @@ async def test_a_flush_cancelled_mid_write_still_lands_before_the_end_of_stream(
         await flushing
     await writer.close()
     assert pl.read_ipc_stream(tmp_path / "measured.arrow").height == 33
+
+
+def test_a_frame_whose_write_fails_leaves_no_file_and_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that fills mid-frame: the write raises, neither the file nor its temporary stays,
+    and the bytes the writer still buffered never reach the descriptor number once it is
+    another file's."""
+    import errno
+    import gc
+    import os
+
+    from ipw_async.rundir import files
+
+    frame = pl.DataFrame({"x": list(range(300_000)), "y": [float(i) for i in range(300_000)]})
+    real_write = os.write
+    calls = 0
+
+    def fills(fd: int, data: Any) -> int:
+        nonlocal calls
+        calls += 1
+        if calls > 1:  # the first write goes out, the rest do not
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(files.os, "write", fills)
+    with pytest.raises(OSError, match="No space") as failed:
+        files.write_frame(frame, tmp_path / "records.arrow")
+    monkeypatch.setattr(files.os, "write", real_write)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    other = tmp_path / "other"
+    fd = os.open(other, os.O_WRONLY | os.O_CREAT, 0o644)  # the lowest free number: the one let go
+    try:
+        del failed  # a kept traceback held the writer: only now is it collected
+        gc.collect()
+    finally:
+        os.close(fd)
+    assert other.stat().st_size == 0
+    files.write_frame(frame, tmp_path / "records.arrow")  # and the next write is whole
+    assert read_arrow(tmp_path / "records.arrow").equals(frame)

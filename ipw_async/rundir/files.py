@@ -138,6 +138,8 @@ class _FileSink:
         self.digest = digest
 
     def write(self, data: Any) -> int:
+        if self.closed:  # a buffer let go of after a failed write: its descriptor may be another file's now
+            return memoryview(data).nbytes
         if self.digest is not None:
             self.digest.update(data)
         _write_all(self._fd, data)
@@ -157,14 +159,16 @@ def write_frame(frame: pl.DataFrame, path: Path, digest: Any = None) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     table = to_arrow(frame)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    raw = _FileSink(fd, digest)
     # a column's buffers are handed over one by one: coalesced here, not a system call each
-    sink = pa.BufferedOutputStream(pa.PythonFile(_FileSink(fd, digest), mode="w"), WRITE_BUFFER)
+    sink = pa.BufferedOutputStream(pa.PythonFile(raw, mode="w"), WRITE_BUFFER)
     try:
         with ipc.new_stream(sink, table.schema) as writer:
             writer.write_batch(pa.RecordBatch.from_pylist([], schema=table.schema))
             writer.write_table(table)
         sink.close()
     except BaseException:
+        raw.close()  # what the buffer still holds goes nowhere when it is collected
         os.close(fd)
         tmp.unlink(missing_ok=True)  # half a frame is no file to leave behind
         raise
