@@ -444,7 +444,7 @@ def _cost_estimate(
     other = replace(cost, context_cost=next(c for c in CONTEXT_COSTS if c != cost.context_cost))
     others = [_energy(timeline, step_cost_split(c, inputs.work, seen)) for c in (*cost.replicated(), other)]
     others += [_energy(timeline, inputs.model_split(m)) for m in alike]
-    others.append(_energy(timeline, _tokens(inputs)))
+    others.append(_energy(timeline, replace(_tokens(inputs), static=cost.static_w)))
     low, high = cost_band(timeline, [energy, *others], cost.window_error)
     return timeline, energy, imputed_part, idle, pooled_idle, low, high
 
