@@ -41,7 +41,7 @@ draw's physics line names the effects drawn (``effects: none`` when none) and th
 (``step`` W, ``κ`` work/1000 tokens + step ms/1000 tokens, ``κp``, ``lag`` ms, ``jitter`` ms,
 ``leak`` W with its time constant, ``cap`` W and mode), and the power model chosen.
 
-Each draw's simulator also logs its steps, so three more rows say where an error comes from:
+Each draw's simulator also logs its steps, so four more rows say where an error comes from:
 ``sim steps+model`` splits the meter over the simulator's own steps as it split each of them
 (each step's power as drawn, each request's share as it caused it: what remains is the
 meter's resolution, and no rule can do better from it), ``sim power model`` by its
@@ -49,8 +49,9 @@ power model over the same steps (what it adds is the power model's form: it has 
 graph, forward or per-token joules), ``sim model`` by its power model over the steps the run
 inferred (what it adds is the step inference), and ``fit, true effects`` is the fitted rule
 told which effects the device has (``--power-model``): what it adds to ``sim model`` is the
-weights the run could not identify, and the default's difference from it the selection's. A last table gives each draw's p95 built up over these stages and the
-stage that bounds it. The aggregate gives each method's
+weights the run could not identify, and the default's difference from it the selection's. A
+last table gives each draw's p95 built up over these stages and the stage that bounds it. The
+aggregate gives each method's
 median and worst p95, over all draws and over those with a counter of 100 ms or less; then,
 over the latter, the default's checks: draws with a p95 ≤ 5%, the median draw's p95, the
 worst draw's band holds and the draws where they are ≥ 90%, the worst |conservation|, the
