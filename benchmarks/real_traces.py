@@ -10,7 +10,8 @@ traces' own ``score.py`` scores: requests with status ``ok``, not warm-up, e2e �
 Printed per run and rule: scored requests, p50 and p95 of |error|, bias (mean signed error),
 Σ energy / Σ reference, and for the band (``energy_low_j`` … ``energy_high_j``) the share of
 requests whose reference it holds and its median half-width relative to the energy; then the
-static power and the costs the default rule found. A new real run joins by being put there.
+static power and the costs the default rule found, and the decode graphs' padding it chose
+(each candidate's RMS residual over the decode steps' times). A new real run joins by being put there.
 
     python benchmarks/real_traces.py [--traces ../shared/traces] [--rules steps,tokens,equal]
 """
@@ -130,6 +131,14 @@ def main() -> None:
                         print(
                             f"{'':28s} static {model['static_w']:.1f} W ({model['static_source']}), "
                             f"R² {model['r2']:.2f}, costs {json.dumps(costs)}"
+                        )
+                        graph = model.get("decode_graph") or {}
+                        rms = ", ".join(
+                            f"{k} {v:.2f}" for k, v in (graph.get("step_time_rms_ms") or {}).items()
+                        )
+                        print(
+                            f"{'':28s} decode graphs: {graph.get('layout')} padded to {graph.get('capture_sizes')} "
+                            f"({graph.get('source')}); step-time RMS ms: {rms}"
                         )
 
 

@@ -111,7 +111,16 @@ def _describe_cost_fit(model: dict[str, Any]) -> list[str]:
         f"meter lag {model.get('lag_ms', 0):g} ms; interval error "
         + (f"{held:.1%} held out" if held is not None else "not held out (too few intervals)")
     ]
-    return (["costs ± standard error: " + ", ".join(known)] if known else []) + fit + list(model.get("notes") or [])
+    graph = model.get("decode_graph") or {}
+    padding = (
+        [
+            f"decode graphs: {graph['layout']} batch padded to {graph['capture_sizes']} sizes ({graph['source']})"
+        ]
+        if graph
+        else []
+    )
+    known_costs = ["costs ± standard error: " + ", ".join(known)] if known else []
+    return known_costs + fit + padding + list(model.get("notes") or [])
 
 
 def describe_selection(model: dict[str, Any]) -> list[str]:

@@ -57,6 +57,7 @@ def finalize(
     power_model: str | None = None,
     baseline_w: float | None = None,
     context_cost: str | None = None,
+    capture_sizes: str | None = None,
 ) -> RunResult:
     """Attribute energy and write ``records.arrow`` (with energy, and as Parquet),
     ``telemetry.parquet``, ``traces.jsonl``, ``summary.json`` and ``dataset/`` (IPW's layout)
@@ -81,6 +82,7 @@ def finalize(
         power_model=own_model if power_model is None else power_model,
         baseline_w=own.baseline_w if baseline_w is None else baseline_w,
         context_cost=own.context_cost if context_cost is None else context_cost,
+        capture_sizes=own.capture_sizes if capture_sizes is None else capture_sizes,
         baseline_window_ns=manifest.baseline_window_ns,
         session_starts_ns=manifest.session_starts_ns,
     )
@@ -98,9 +100,7 @@ def finalize(
     if telemetry is not None:
         files.write_parquet(telemetry, run_dir / files.TELEMETRY_PARQUET)
     headline = [m for m in manifest.meters if m.channel in energy_section.get("headline_meters", ())]
-    traces = _traces(
-        records, tasks, telemetry, headline, parse_price(own.price), manifest.session_starts_ns
-    )
+    traces = _traces(records, tasks, telemetry, headline, parse_price(own.price), manifest.session_starts_ns)
     write_traces(run_dir / files.TRACES, traces)
     summary = _summary(manifest, records, energy_section)
     summary |= _validity(manifest, records, telemetry, headline)

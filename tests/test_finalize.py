@@ -200,7 +200,9 @@ def test_a_killed_run_leaves_files_plain_readers_open(tmp_path: Path) -> None:
     assert abs(result.summary["energy"]["meters"]["sim"]["conservation_error"]) < 1e-9
     # what the run measured is never rewritten; the finished records sit beside it
     assert (run_dir / "measured.arrow").read_bytes() == measured
-    assert pl.read_ipc_stream(run_dir / "records.arrow").get_column("energy_j").null_count() < by_polars.height
+    assert (
+        pl.read_ipc_stream(run_dir / "records.arrow").get_column("energy_j").null_count() < by_polars.height
+    )
 
 
 class ResettingNvml(FakeNvml):
@@ -275,4 +277,25 @@ def test_finalize_says_how_a_step_s_context_is_shared_and_refuses_what_it_does_n
         "per_padded_row_j",
         "per_padded_row_ktoken_j",
     ]
+    assert abs(after["meters"]["sim"]["conservation_error"]) < 1e-9
+
+
+def test_finalize_pads_decode_graphs_to_the_sizes_given_and_refuses_sizes_it_cannot_read(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    run_dir = tmp_path / "capture"
+    shutil.copytree(finished_run, run_dir)
+    before = json.loads((run_dir / "summary.json").read_text())["energy"]
+    assert before["capture_sizes"] == "auto"
+    assert before["meters"]["sim"]["power_model"]["decode_graph"]["source"]  # the run said why
+    refused = cli.invoke(app, ["finalize", str(run_dir), "--capture-sizes", "16,8"], env={"COLUMNS": "300"})
+    assert refused.exit_code == 2 and "ascending batch sizes separated by commas" in refused.output
+    assert json.loads((run_dir / "summary.json").read_text())["energy"] == before  # nothing rewritten
+    assert cli.invoke(app, ["finalize", str(run_dir), "--capture-sizes", "1,2,4,8,16,32,64"]).exit_code == 0
+    after = json.loads((run_dir / "summary.json").read_text())["energy"]
+    graph = after["meters"]["sim"]["power_model"]["decode_graph"]
+    assert after["capture_sizes"] == "1,2,4,8,16,32,64" and graph["capture_sizes"] == "1,2,4,8,16,32,64"
+    assert graph["source"].startswith("capture sizes given")
     assert abs(after["meters"]["sim"]["conservation_error"]) < 1e-9

@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 from ipw_async.energy import request_windows
-from ipw_async.energy.padding import padded_buckets
+from ipw_async.energy.padding import (
+    FIRST_LENGTH_BUCKET,
+    POWERS_OF_TWO,
+    VLLM,
+    CaptureSizes,
+    bucket,
+    decode_graph,
+    parse_capture_sizes,
+    slot_replay,
+)
 from ipw_async.energy.steps import Steps, steps_of
 from ipw_async.rundir.read import RunDir
 
@@ -52,6 +61,12 @@ def decoding_steps(
         np.array(context),
         zeros,
     )
+
+
+def padded_buckets(steps: Steps, admitted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows and attention length of a graph over slots padded to powers of two."""
+    slots, reach = slot_replay(steps, admitted)
+    return POWERS_OF_TWO.pad(slots), bucket(reach, FIRST_LENGTH_BUCKET)
 
 
 def test_a_step_runs_every_slot_to_its_highest_decoder_and_the_longest_context() -> None:
@@ -141,3 +156,74 @@ def test_on_a_real_h100_run_the_client_s_replay_is_the_server_s_buckets() -> Non
     assert np.array_equal(ours[0][decoding], theirs[0][matched[decoding]])
     assert np.array_equal(ours[1][decoding], theirs[1][matched[decoding]])
     assert len(set(ours[0][decoding].tolist())) > 4  # fragmented slots: many buckets, not one
+    # and the client's step times alone said the server pads slots to powers of two
+    assert (inferred.graph["layout"], inferred.graph["capture_sizes"]) == ("slots", "pow2")
+    assert inferred.graph["source"] == "inferred from step times"
+
+
+def test_capture_sizes_pad_a_batch_to_the_next_captured_size_and_run_past_the_largest_as_it_is() -> None:
+    rows = np.array([0.0, 1, 3, 9, 17, 200, 300, 600])
+    assert POWERS_OF_TWO.pad(rows).tolist() == [0, 1, 4, 16, 32, 256, 512, 1024]
+    assert VLLM.pad(rows).tolist() == [0, 1, 4, 16, 24, 200, 304, 600]
+    assert parse_capture_sizes("none").pad(rows).tolist() == rows.tolist()  # type: ignore[union-attr]
+    assert parse_capture_sizes("1,2,4,8,16").pad(rows).tolist() == [0, 1, 4, 16, 17, 200, 300, 600]  # type: ignore[union-attr]
+
+
+def test_capture_sizes_are_named_listed_or_left_to_the_run_and_anything_else_is_refused() -> None:
+    assert parse_capture_sizes("auto") is None
+    assert parse_capture_sizes("vllm") is VLLM
+    assert parse_capture_sizes(" 1,2,8 ") == CaptureSizes("1,2,8", (1, 2, 8))
+    for bad in ("8,4", "0,1,2", "1,1,2", "eight", ""):
+        with pytest.raises(ValueError, match="ascending batch sizes"):
+            parse_capture_sizes(bad)
+
+
+def _lived_steps(seed: int, n_steps: int = 600, n_requests: int = 500) -> Steps:
+    """Decode-only steps of requests living random spans (so slots fragment and the batch
+    moves over 1–100 rows), at 1 ms each until :func:`_timed` sets their times."""
+    rng = np.random.default_rng(seed)
+    first = rng.integers(0, n_steps, n_requests)
+    last = np.minimum(first + rng.integers(5, 150, n_requests), n_steps - 1)
+    req = np.concatenate([np.full(b - a + 1, i) for i, (a, b) in enumerate(zip(first, last, strict=True))])
+    step = np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last, strict=True)])
+    n = req.size
+    return decoding_steps(
+        np.zeros(n_steps), np.zeros(n_steps), req.tolist(), step.tolist(), [1.0] * n, [0.5] * n
+    )
+
+
+def _timed(steps: Steps, rows: np.ndarray, seed: int) -> Steps:
+    """The steps, each lasting 8 ms + 0.05 ms a (padded) row, with 0.1 ms of noise."""
+    ms = 8.0 + 0.05 * rows + np.random.default_rng(seed).normal(0.0, 0.1, steps.count)
+    steps.end = np.cumsum(ms) * 1e6
+    steps.start = steps.end - ms * 1e6
+    return steps
+
+
+@pytest.mark.parametrize(("layout", "ladder"), [("slots", POWERS_OF_TWO), ("dense", VLLM), ("slots", VLLM)])
+def test_the_step_times_choose_the_padding_the_engine_ran(layout: str, ladder: CaptureSizes) -> None:
+    """Known truth: steps whose times follow one layout's rows padded to one ladder. The run
+    finds that padding among both layouts and every ladder, and says it inferred it."""
+    steps = _lived_steps(1)
+    admitted = np.arange(500, dtype=float)
+    slots, _ = slot_replay(steps, admitted)
+    unpadded = slots if layout == "slots" else steps.decode
+    truth = ladder.pad(unpadded)
+    rows, _, chosen = decode_graph(_timed(steps, truth, 2), admitted)
+    assert (chosen["layout"], chosen["capture_sizes"]) == (layout, ladder.name)
+    assert chosen["source"] == "inferred from step times" and np.array_equal(rows, truth)
+    assert min(chosen["step_time_rms_ms"].values()) == chosen["step_time_rms_ms"][f"{layout} {ladder.name}"]
+
+
+def test_step_times_that_do_not_tell_paddings_apart_keep_slots_and_powers_of_two() -> None:
+    """Steps that all take 10 ms (a host-bound engine) say nothing of the padding: the run keeps
+    the default and says so; given sizes are used whatever the times, the layout still chosen."""
+    steps = _timed(_lived_steps(3), np.zeros(600), 4)
+    admitted = np.arange(500, dtype=float)
+    _, _, kept = decode_graph(steps, admitted)
+    assert (kept["layout"], kept["capture_sizes"]) == ("slots", "pow2") and kept["source"].startswith("kept")
+    rows, _, given = decode_graph(steps, admitted, VLLM)
+    assert given["capture_sizes"] == "vllm" and given["source"].startswith("capture sizes given, layout kept")
+    assert np.array_equal(rows, VLLM.pad(slot_replay(steps, admitted)[0]))
+    few = _timed(_lived_steps(5, n_steps=20, n_requests=10), np.zeros(20), 6)
+    assert decode_graph(few, np.arange(10, dtype=float))[2]["source"].startswith("assumed: ")

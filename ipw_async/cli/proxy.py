@@ -46,6 +46,7 @@ _KEPT = {
     "attribution",
     "prefill_weight",
     "context_cost",
+    "capture_sizes",
     "power_model",
     "output_dir",
     "overwrite",

@@ -112,7 +112,9 @@ def finalize_command(
     ],
     attribution: Annotated[
         str | None,
-        typer.Option(help="Attribution rule: steps, fitted, tokens, equal or window. Default: the run's own."),
+        typer.Option(
+            help="Attribution rule: steps, fitted, tokens, equal or window. Default: the run's own."
+        ),
     ] = None,
     prefill_weight: Annotated[
         float | None,
@@ -139,6 +141,14 @@ def finalize_command(
             "where CUDA graphs pad attention to the longest context) or own (paged attention). Default: the run's."
         ),
     ] = None,
+    capture_sizes: Annotated[
+        str | None,
+        typer.Option(
+            help="The batch sizes the server's decode graphs pad to (the steps rule): auto (chosen by "
+            "the step times), pow2, vllm (1, 2, 4, then multiples of 8), none, or the sizes, e.g. "
+            "1,2,4,8,16. Default: the run's."
+        ),
+    ] = None,
 ) -> None:
     """Re-attribute a run's energy from its own files, with other settings, without re-running it.
 
@@ -156,6 +166,7 @@ def finalize_command(
             power_model=power_model,
             baseline_w=baseline_w,
             context_cost=context_cost,
+            capture_sizes=capture_sizes,
         )
     except (RunDirError, ValueError) as exc:  # ValueError: an unknown rule or power-model effect
         raise fail(str(exc)) from None

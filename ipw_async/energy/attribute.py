@@ -29,6 +29,7 @@ from .band import band, cost_band, interval_error, perturbed
 from .counter import VirtualCounter, counter_timing, covering, idle_power, series, virtual_counter
 from .fit import fit, parse_effects
 from .model import PowerModel
+from .padding import AUTO, CaptureSizes, parse_capture_sizes
 from .problem import Problem, design
 from .split import Segments, StepShares, Timeline, equal_segments, safe_div
 from .stepcost import CONTEXT_COSTS, MIN_INTERVALS, NEAR_TIE_BIC, StepCost, fit_step_cost
@@ -48,6 +49,7 @@ class AttributionConfig:
     prefill_weight: float = DEFAULT_PREFILL_WEIGHT
     power_model: str = "auto"  # the fitted rule's effects: chosen by the run, or given (fit.parse_effects)
     context_cost: str = "shared"  # the steps rule's context reads: shared by a step's decoders, or own
+    capture_sizes: str = AUTO  # the batch sizes decode graphs pad to (padding.parse_capture_sizes)
     baseline_w: float | None = None  # given idle power for accelerator meters
     baseline_window_ns: tuple[int, int] | None = None  # measure idle power over this window
     session_starts_ns: tuple[int, ...] = ()  # resumed sessions: no energy counted across the gap
@@ -57,6 +59,7 @@ class AttributionConfig:
         if self.rule not in RULES:
             raise ValueError(f"unknown attribution rule {self.rule!r}; choose one of {', '.join(RULES)}")
         self.effects  # noqa: B018 (parsed once, here: raises ValueError, naming what it takes)
+        self.capture  # noqa: B018 (likewise)
         if self.rule == "steps" and self.power_model != "auto":
             raise ValueError(POWER_MODEL_NEEDS_FITTED)
         if self.context_cost not in CONTEXT_COSTS:
@@ -68,6 +71,11 @@ class AttributionConfig:
     def effects(self) -> frozenset[str] | None:
         """The fitted rule's effects as given (``power_model``); None: the run chooses them."""
         return parse_effects(self.power_model)
+
+    @cached_property
+    def capture(self) -> CaptureSizes | None:
+        """The capture sizes as given; None: the step times choose them."""
+        return parse_capture_sizes(self.capture_sizes)
 
 
 @dataclass
@@ -409,7 +417,12 @@ def _described(
         return {}
     return (
         described.as_dict()
-        | {"step_time": steps.duration_fit, "prefill_placement": steps.placement, "steps": steps.count}
+        | {
+            "step_time": steps.duration_fit,
+            "prefill_placement": steps.placement,
+            "decode_graph": steps.graph,
+            "steps": steps.count,
+        }
         | ({"chosen_by": choice} if choice else {})
     )
 
@@ -491,9 +504,10 @@ def attribute(
         "prefill_weight": config.prefill_weight,
         "power_model": config.power_model,
         "context_cost": config.context_cost,
+        "capture_sizes": config.capture_sizes,
         "meters": {},
     }
-    work = Work.of(requests)  # inferred once: every meter's split uses the same steps
+    work = Work.of(requests, config.capture)  # inferred once: every meter's split uses the same steps
     if estimated := estimated_prompts(requests):
         section["prompt_tokens_estimated"] = {
             "requests": estimated,

@@ -13,13 +13,14 @@ decoding (:mod:`.placement`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import polars as pl
 
 from .._clock import NS
 from ..records import CHARS_PER_TOKEN
-from .padding import padded_buckets
+from .padding import CaptureSizes, decode_graph
 from .placement import place_prefill
 
 # The shortest steps, as a low percentile of inter-token latency rather than its least: a
@@ -55,7 +56,9 @@ def prompt_tokens() -> pl.Expr:
 
 def estimated_prompts(requests: pl.DataFrame) -> int:
     """How many requests' prompt tokens :func:`prompt_tokens` estimated from their text."""
-    return int(requests.select((pl.col("prompt_tokens").is_null() & pl.col("prompt").is_not_null()).sum()).item())
+    return int(
+        requests.select((pl.col("prompt_tokens").is_null() & pl.col("prompt").is_not_null()).sum()).item()
+    )
 
 
 def computed_prompt_tokens() -> pl.Expr:
@@ -84,6 +87,7 @@ class Steps:
     # per step, a padded decode graph's rows and attention length (:mod:`.padding`)
     padded_rows: np.ndarray = field(default_factory=lambda: np.zeros(0))
     padded_length: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    graph: dict[str, Any] = field(default_factory=dict)  # the padding chosen, and why
     _first_decoders: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -114,11 +118,12 @@ class Steps:
         return self.per_step(self.entry_position) if self.entry_position.size else np.zeros(self.count)
 
 
-def steps_of(requests: pl.DataFrame) -> Steps:
-    """The engine steps the requests' token arrivals imply, with their computed prompts placed."""
+def steps_of(requests: pl.DataFrame, capture_sizes: CaptureSizes | None = None) -> Steps:
+    """The engine steps the requests' token arrivals imply, with their computed prompts placed
+    and their decode graphs padded to ``capture_sizes`` (None: the step times choose)."""
     computed = requests.select(computed_prompt_tokens()).to_series().to_numpy().astype(float)
     prompt = requests.select(prompt_tokens()).to_series().to_numpy().astype(float)
-    return infer_steps(requests, step_starts(requests), computed, prompt)
+    return infer_steps(requests, step_starts(requests), computed, prompt, capture_sizes)
 
 
 def infer_steps(
@@ -126,6 +131,7 @@ def infer_steps(
     bursts: np.ndarray,
     prefill_tokens: np.ndarray,
     prompt_tokens: np.ndarray | None = None,
+    capture_sizes: CaptureSizes | None = None,
 ) -> Steps:
     """Steps from burst times (:func:`step_starts`), with decode and prefill placed in them
     (``prompt_tokens``, cached ones too, say where each context and prefill position starts)."""
@@ -180,7 +186,7 @@ def infer_steps(
     arrived = np.full(n_steps, np.inf)
     np.minimum.at(arrived, steps.step, sent[steps.req])
     steps.start = np.where(np.isfinite(arrived), np.clip(arrived, steps.start, steps.end), steps.start)
-    steps.padded_rows, steps.padded_length = padded_buckets(steps, sent)
+    steps.padded_rows, steps.padded_length, steps.graph = decode_graph(steps, sent, capture_sizes)
     return steps
 
 

@@ -15,6 +15,7 @@ import polars as pl
 from scipy import sparse
 
 from .model import PowerModel
+from .padding import CaptureSizes
 from .split import Segments, StepShares, safe_div
 from .stepcost import entry_features
 from .steps import ChunkGroups, Steps, computed_prompt_tokens, steps_of
@@ -68,8 +69,8 @@ class Work:
         return self._features[context_cost]
 
     @classmethod
-    def of(cls, requests: pl.DataFrame) -> Work:
-        steps = steps_of(requests)
+    def of(cls, requests: pl.DataFrame, capture_sizes: CaptureSizes | None = None) -> Work:
+        steps = steps_of(requests, capture_sizes)
         placed = _step_segments(requests, steps)
         return cls(steps, last_step_segments(requests, steps.end), placed)
 

@@ -16,6 +16,7 @@ from ..client import ENDPOINTS
 from ..energy import RULES
 from ..energy.attribute import POWER_MODEL_NEEDS_FITTED
 from ..energy.fit import parse_effects
+from ..energy.padding import parse_capture_sizes
 from ..errors import RunError
 from ..load import LoadSpec
 from ..scoring import SCORERS
@@ -135,6 +136,7 @@ class RunConfig(MeasureOptions, SendOptions):
             parse_servers(self.mcp)
             self.prices()
             parse_effects(self.power_model)
+            parse_capture_sizes(self.capture_sizes)
         except ValueError as exc:
             raise RunError(str(exc)) from None
         return spec

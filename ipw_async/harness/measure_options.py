@@ -145,6 +145,16 @@ class MeasureOptions:
             choices=CONTEXT_COSTS,
         ),
     )
+    capture_sizes: str = field(
+        default="auto",
+        metadata=option(
+            "The batch sizes the server's decode graphs pad to, for the steps rule: auto (chosen by "
+            "the run's step times, and said in the summary), pow2 (1, 2, 4, …), vllm (vLLM's "
+            "default: 1, 2, 4, then multiples of 8), none, or the sizes themselves (e.g. 1,2,4,8,16,"
+            "24,32: your server's cudagraph_capture_sizes).",
+            panel=ENERGY,
+        ),
+    )
     prefill_weight: float = field(
         default=0.25,
         metadata=option(
@@ -206,4 +216,3 @@ class MeasureOptions:
     tail_s: float = 0.5  # telemetry kept after the last request, so its energy is covered
     abort_after_connect_errors: int = 16
     sim: SimConfig = field(default_factory=SimConfig)
-

@@ -50,6 +50,7 @@ class Finishing:
     power_model: str
     baseline_w: float | None
     context_cost: str
+    capture_sizes: str
     price: str | None
     concurrency: int | None
     until_precision: dict[str, float]
@@ -63,6 +64,7 @@ class Finishing:
                 power_model=config.get("power_model", "auto"),
                 baseline_w=config["baseline_w"],
                 context_cost=config.get("context_cost", "shared"),
+                capture_sizes=config.get("capture_sizes", "auto"),
                 price=config.get("price"),
                 concurrency=config.get("concurrency"),
                 until_precision=config.get("until_precision") or {},
