@@ -136,6 +136,31 @@ def test_one_decoder_in_a_high_slot_costs_the_padded_bucket() -> None:
     assert unpadded._step_plan().caused == {unpadded_alone: pytest.approx(graph_j(config, 1, 300))}
 
 
+def test_a_dense_batch_pads_its_decoders_to_vllm_s_sizes_and_each_reads_its_own_context() -> None:
+    """vLLM's layout: three decoders in slots 0, 40 and 100 run 4 rows (not 128), each row at
+    its own context; the padded row's cost is shared, each one's reads its own."""
+    config = EngineConfig(capture_sizes="vllm", dense_batch=True)
+    engine = Engine(config)
+    contexts = {"a": 300, "b": 1000, "c": 2000}
+    requests = {
+        key: _decoding(engine, key, slot, contexts[key])
+        for key, slot in zip(contexts, (0, 40, 100), strict=True)
+    }
+    step = engine._step_plan()
+    shared = (config.decode_step_j + 4 * config.decode_row_j) / 3
+    for key, r in requests.items():
+        assert step.caused[r] == pytest.approx(shared + config.decode_row_kv_j * contexts[key])
+    eleven = Engine(config)
+    for slot in range(11):
+        _decoding(eleven, f"d{slot}", slot, 300)
+    padded = eleven._step_plan()  # 11 decoders run vLLM's 16-row graph
+    assert sum(padded.caused.values()) == pytest.approx(
+        config.decode_step_j + 16 * config.decode_row_j + 11 * 300 * config.decode_row_kv_j
+    )
+    with pytest.raises(ValueError, match="not auto"):
+        EngineConfig(capture_sizes="auto")
+
+
 def test_the_longest_context_sets_every_rows_attention_length() -> None:
     config = EngineConfig()
     engine = Engine(config)

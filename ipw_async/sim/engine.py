@@ -5,9 +5,11 @@ step prefills newly admitted prompts (up to a token budget, chunked: each prompt
 forward of its own) and decodes one token for every running sequence; its duration grows with
 the rows decoded, prefill tokens and the KV positions the decoders read, so TTFT and per-token
 time respond to load as on a real server. With ``padded_buckets`` the decode is a CUDA graph
-over padded buckets, as vLLM's: it runs slots 0 to the highest decoding one, padded to a power
-of two, each row at the attention length of the longest context padded to 128, 256, …; padded
-rows take time and energy as real ones, so one decoder in slot 100 costs what 128 do.
+over padded buckets: it runs slots 0 to the highest decoding one, padded to the next captured
+batch size (``capture_sizes``: a power of two by default), each row at the attention length of
+the longest context padded to 128, 256, …; padded rows take time and energy as real ones, so
+one decoder in slot 100 costs what 128 do. With ``dense_batch`` the batch is kept dense, as
+vLLM's persistent batch is: a step pads its decoders' count, each row reading its own context.
 
 The device (:mod:`.device`) draws a static power (raised by ``clocks_up_w`` while its clocks
 are up) and, for the step's work, a dynamic energy: the decode graph's (``decode_step_j`` +
@@ -21,7 +23,7 @@ device works for the step's duration and then waits, at static power, for the en
 Each request's true energy follows accounting convention v2: an equal share of static energy
 (clocks up or not) while it is on the server (with nothing on the server the static energy is
 idle); of each step's dynamic energy, the decode graph's equally among the requests decoding in
-it, each chunk's (its forward's fixed part too) to the request prefilled, the part ``step_w``
+it (but each row's reads of its own context, where attention is not padded, its own), each chunk's (its forward's fixed part too) to the request prefilled, the part ``step_w``
 draws equally among the requests in the step and the curve's by each one's share of its work.
 Clipping or stretching scales every part alike. The device exposes what a GPU would: a
 cumulative counter in whole mJ on a (jittered) grid, instantaneous and 1-second averaged power
@@ -43,7 +45,10 @@ import hashlib
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .._clock import NS, now_ns
+from ..energy.padding import POWERS_OF_TWO, parse_capture_sizes
 from .device import Device
 from .physics import FIRST_LENGTH_BUCKET, MIN_CLOCK, EngineConfig
 
@@ -139,6 +144,7 @@ class Engine:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self._slots: list[SimRequest | None] = [None] * config.max_batch
+        self._capture = parse_capture_sizes(config.capture_sizes) or POWERS_OF_TWO
         self.idle_energy_j = 0.0
         self.finished: dict[str, SimRequest] = {}
         self._idle = True
@@ -198,13 +204,18 @@ class Engine:
             self.running.append(admitted)
 
     def _decode_shape(self, decoders: list[SimRequest], contexts: list[int]) -> tuple[int, int]:
-        """The rows the decode computes and the KV positions they read: padded, slots 0 to the
-        highest decoding one to a power of two, each at the longest context's length bucket."""
+        """The rows the decode computes and the KV positions they read: padded to the next
+        captured size, slots 0 to the highest decoding one each at the longest context's length
+        bucket, or (a dense batch) the decoders each at its own context."""
         if not decoders:
             return 0, 0
         if not self.config.padded_buckets:
             return len(decoders), sum(contexts)
-        rows = min(bucket(max(r.slot for r in decoders) + 1, 1), self.config.max_batch)
+        if self.config.dense_batch:
+            return int(self._capture.pad(np.array([len(decoders)]))[0]), sum(contexts)
+        rows = min(
+            int(self._capture.pad(np.array([max(r.slot for r in decoders) + 1]))[0]), self.config.max_batch
+        )
         return rows, rows * bucket(max(contexts), FIRST_LENGTH_BUCKET)
 
     def _step_plan(self) -> Step:
@@ -234,10 +245,13 @@ class Engine:
                 decoders.append(r)
                 contexts.append(r.prompt_tokens + r.emitted)
         rows, kv = self._decode_shape(decoders, contexts)
-        if cfg.padded_buckets:  # every row of the graph is alike: its decoders share its work
+        if cfg.padded_buckets and not cfg.dense_batch:  # every row is alike: its decoders share its work
             decode = [(r, (rows + cfg.context_work * kv / 1000) / len(decoders)) for r in decoders]
-        else:
-            decode = [(r, 1.0 + cfg.context_work * c / 1000) for r, c in zip(decoders, contexts, strict=True)]
+        else:  # a dense batch's padded rows are shared, each row's own reads its own
+            pad = (rows - len(decoders)) / len(decoders) if decoders else 0.0
+            decode = [
+                (r, 1.0 + pad + cfg.context_work * c / 1000) for r, c in zip(decoders, contexts, strict=True)
+            ]
         duration = 0.0
         if not cfg.zero_delay:
             duration = (
@@ -269,7 +283,12 @@ class Engine:
         caused: dict[SimRequest, float] = {}
         for (r, _, _), j in zip(prefill, chunk_j, strict=True):
             caused[r] = caused.get(r, 0.0) + j
-        if decode:
+        if decode and (cfg.dense_batch or not cfg.padded_buckets):  # each row reads its own context
+            graph = cfg.decode_step_j + cfg.decode_row_j * rows
+            for r, _ in decode:
+                own = cfg.decode_row_kv_j * (r.prompt_tokens + r.emitted)
+                caused[r] = caused.get(r, 0.0) + graph / len(decode) + own
+        elif decode:
             graph = cfg.decode_step_j + cfg.decode_row_j * rows + cfg.decode_row_kv_j * kv
             for r, _ in decode:
                 caused[r] = caused.get(r, 0.0) + graph / len(decode)

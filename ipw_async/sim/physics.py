@@ -28,6 +28,7 @@ import random
 from dataclasses import dataclass, field
 
 from .._options import option
+from ..energy.padding import AUTO, parse_capture_sizes
 
 TELEMETRY_KINDS = ("counter", "power", "avg-power")
 COUNTER_FAULTS = ("none", "stuck", "backwards")
@@ -47,9 +48,7 @@ class EngineConfig:
     )
     step_per_seq_ms: float = field(
         default=0.014,
-        metadata=option(
-            "Extra step time per sequence in the batch (per padded row with --padded-buckets)."
-        ),
+        metadata=option("Extra step time per sequence in the batch (per padded row with --padded-buckets)."),
     )
     step_per_prefill_token_ms: float = field(
         default=0.021, metadata=option("Extra step time per prompt token prefilled.")
@@ -68,6 +67,20 @@ class EngineConfig:
             "a step runs slots 0 to the highest decoding one, padded to a power of two (at most "
             "--max-batch), at an attention length padded to 128, 256, … by the longest context. "
             "Padded rows cost work, energy and time as real ones."
+        ),
+    )
+    capture_sizes: str = field(
+        default="pow2",
+        metadata=option(
+            "The batch sizes the padded decode graphs were captured at: pow2, vllm (1, 2, 4, then "
+            "multiples of 8) or the sizes (e.g. 1,2,4,8,16); a batch past the largest runs as it is."
+        ),
+    )
+    dense_batch: bool = field(
+        default=False,
+        metadata=option(
+            "With --padded-buckets, keep the batch dense as vLLM's persistent batch does: a step "
+            "pads its decoders' count, and each row reads its own context (no padded length)."
         ),
     )
     # device
@@ -101,9 +114,7 @@ class EngineConfig:
     )
     prefill_token_kv_j: float = field(
         default=1.02e-6,
-        metadata=option(
-            "Dynamic energy per prompt token per position its chunk reaches (tokens × end), J."
-        ),
+        metadata=option("Dynamic energy per prompt token per position its chunk reaches (tokens × end), J."),
     )
     dynamic_w: float = field(
         default=0.0, metadata=option("Dynamic power of one decoding sequence in watts (the curve).")
@@ -229,6 +240,11 @@ class EngineConfig:
                 f"--max-w ({self.max_w:g} W) must exceed the warm static power with the clocks up "
                 f"({self.static_w:g} + {self.thermal_leak_w:g} + {self.clocks_up_w:g} W)"
             )
+        if self.capture_sizes == AUTO:
+            raise ValueError(
+                "--capture-sizes: a simulated engine captures pow2, vllm or given sizes, not auto"
+            )
+        parse_capture_sizes(self.capture_sizes)
         if self.thermal_tau_s <= 0:
             raise ValueError("--thermal-tau-s must be positive")
         negative = [name for name in (*_EFFECT_AMOUNTS, "clock_down_s") if getattr(self, name) < 0]
@@ -331,7 +347,8 @@ def drawn_physics(seed: int, *, effects: bool = True, **fixed: object) -> Engine
     """A server and device drawn at random from ``seed``: the simulator as a family, so an
     attribution rule is tested over a family of physics. Each real-device effect is
     present in about 60% of draws, the H100's (per-step, per-row, per-chunk and per-token
-    energy, padded buckets, the serving static) in about half (none with ``effects=False``).
+    energy, padded buckets, the serving static) in about half (none with ``effects=False``);
+    padded graphs capture powers of two or vLLM's sizes, over slots or a dense batch, alike.
     ``fixed`` pins fields."""
     rng = random.Random(seed)
 
@@ -389,4 +406,8 @@ def drawn_physics(seed: int, *, effects: bool = True, **fixed: object) -> Engine
         if fx.random() < 0.5:
             drawn["max_w"] = static + serving + fx.uniform(150.0, 600.0)
             drawn["power_limit"] = "stretch" if fx.random() < 0.5 else "clip"
+        # padded graphs as vLLM captures and lays them out, in half the draws each
+        graphs = random.Random(seed + 3_000_003)
+        drawn["capture_sizes"] = "vllm" if graphs.random() < 0.5 else "pow2"
+        drawn["dense_batch"] = graphs.random() < 0.5
     return EngineConfig(**(drawn | fixed))  # type: ignore[arg-type]
