@@ -27,7 +27,9 @@ DISPLAY_PARAMETERS = [
         annotation=Annotated[
             bool,
             typer.Option(
-                "--no-dashboard", help="Plain progress lines instead of the live dashboard.", rich_help_panel=OUTPUT
+                "--no-dashboard",
+                help="Plain progress lines instead of the live dashboard.",
+                rich_help_panel=OUTPUT,
             ),
         ],
     ),
@@ -36,19 +38,29 @@ DISPLAY_PARAMETERS = [
         inspect.Parameter.KEYWORD_ONLY,
         default=False,
         annotation=Annotated[
-            bool, typer.Option("--quiet", "-q", help="No progress output; only errors.", rich_help_panel=OUTPUT)
+            bool,
+            typer.Option("--quiet", "-q", help="No progress output; only errors.", rich_help_panel=OUTPUT),
         ],
     ),
 ]
 
 
-def parameters(cls: type) -> list[inspect.Parameter]:
-    """One keyword parameter per field of ``cls`` that has an option, typed for typer."""
+def parameters(
+    cls: type, only: tuple[str, ...] | None = None, unset: str | None = None
+) -> list[inspect.Parameter]:
+    """One keyword parameter per field of ``cls`` that has an option (those named in ``only``),
+    typed for typer. With ``unset`` each defaults to None, its help ending with ``unset`` (what
+    an option left out means: ``finalize``'s are the run's own)."""
     hints = typing.get_type_hints(cls)
     params = []
     for f, opt in options_of(cls):
+        if only is not None and f.name not in only:
+            continue
         kind = opt.cli_type if opt.cli_type is not None else hints[f.name]
-        default = None if f.default is dataclasses.MISSING else f.default
+        default = None if f.default is dataclasses.MISSING or unset is not None else f.default
+        if unset is not None:
+            kind = kind | None
+            opt = dataclasses.replace(opt, help=f"{opt.help} {unset}", show_default=False)
         if opt.choices:  # an Enum is what typer validates, lists in --help and completes
             kind = enum.Enum(f.name, {c: c for c in opt.choices}, type=str)  # type: ignore[misc]
             kind = kind | None if default is None else kind
@@ -67,11 +79,13 @@ def parameters(cls: type) -> list[inspect.Parameter]:
     return params
 
 
-def values_for(cls: type, options: dict[str, Any]) -> dict[str, Any]:
-    """The field values of ``cls`` from parsed options; a value that cannot be used is a
-    one-line error."""
+def values_for(cls: type, options: dict[str, Any], only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The field values of ``cls`` from parsed options (those named in ``only``); a value that
+    cannot be used is a one-line error."""
     values = {}
     for f, opt in options_of(cls):
+        if only is not None and f.name not in only:
+            continue
         value = options[f.name]
         if isinstance(value, enum.Enum):
             value = value.value

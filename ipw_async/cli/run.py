@@ -106,68 +106,34 @@ def run(ctx: typer.Context, **options: Any) -> None:
     raise typer.Exit(execute(config, display, Exports.from_options(options), judging))
 
 
+# the run's settings that finalize can change: how its energy is attributed
+FINALIZE_SETTINGS = (
+    "attribution",
+    "context_cost",
+    "capture_sizes",
+    "prefill_weight",
+    "power_model",
+    "baseline_w",
+)
+
+
 def finalize_command(
     run_dir: Annotated[
         Path, typer.Argument(help="A run directory written by `ipw-async run`.", show_default=False)
     ],
-    attribution: Annotated[
-        str | None,
-        typer.Option(
-            help="Attribution rule: steps, fitted, tokens, equal or window. Default: the run's own."
-        ),
-    ] = None,
-    prefill_weight: Annotated[
-        float | None,
-        typer.Option(
-            help="Work of a prompt token relative to an output token (the tokens rule's; the fitted "
-            "rule's where the run cannot identify it). Default: the run's."
-        ),
-    ] = None,
-    power_model: Annotated[
-        str | None,
-        typer.Option(
-            help="The fitted rule's model of the device: auto (chosen by the run), linear, or effects "
-            "joined by + from curve, step, context, position, lag and drift. Default: the run's."
-        ),
-    ] = None,
-    baseline_w: Annotated[
-        float | None,
-        typer.Option(help="Idle accelerator power in watts, instead of the run's measured baseline."),
-    ] = None,
-    context_cost: Annotated[
-        str | None,
-        typer.Option(
-            help="The steps rule's cost of a decode step's context reads: shared (by the step's decoders, "
-            "where CUDA graphs pad attention to the longest context) or own (paged attention). Default: the run's."
-        ),
-    ] = None,
-    capture_sizes: Annotated[
-        str | None,
-        typer.Option(
-            help="The batch sizes the server's decode graphs pad to (the steps rule): auto (chosen by "
-            "the step times), pow2, vllm (1, 2, 4, then multiples of 8), none, or the sizes, e.g. "
-            "1,2,4,8,16. Default: the run's."
-        ),
-    ] = None,
+    **settings: Any,
 ) -> None:
     """Re-attribute a run's energy from its own files, with other settings, without re-running it.
 
     Rewrites records.arrow (energy columns) and records.parquet, traces.jsonl, summary.json and
-    dataset/ (IPW's layout); every other figure
-    stays as measured. With no options it reproduces the run's own energy figures exactly.
+    dataset/ (IPW's layout); every other figure stays as measured. Its options are the run's
+    energy options; with none it reproduces the run's own energy figures exactly.
     """
     from ..report import summary_table
 
+    given = values_for(RunConfig, settings, FINALIZE_SETTINGS)
     try:
-        result = finalize(
-            run_dir,
-            attribution=attribution,
-            prefill_weight=prefill_weight,
-            power_model=power_model,
-            baseline_w=baseline_w,
-            context_cost=context_cost,
-            capture_sizes=capture_sizes,
-        )
+        result = finalize(run_dir, **given)
     except (RunDirError, ValueError) as exc:  # ValueError: an unknown rule or power-model effect
         raise fail(str(exc)) from None
     rule, own = result.summary["energy"].get("rule"), result.summary["config"]["attribution"]
@@ -246,7 +212,9 @@ SIM_ADDRESS = [
 
 def register(app: typer.Typer) -> None:
     app.command("run")(with_parameters(run, RUN_PARAMETERS + JUDGE_PARAMETERS + EXPORT_PARAMETERS))
-    app.command("finalize")(finalize_command)
+    app.command("finalize")(
+        with_parameters(finalize_command, parameters(RunConfig, FINALIZE_SETTINGS, "Default: the run's."))
+    )
     app.command("recover")(recover)
     sim_parameters = SIM_ADDRESS + parameters(SimConfig) + parameters(EngineConfig) + parameters(Faults)
     app.command("sim")(with_parameters(sim, sim_parameters))

@@ -2,7 +2,8 @@
 
 The stages, each a module: :mod:`.counter` (a meter as a virtual counter), :mod:`.steps`
 (engine steps inferred from token arrivals, with each request's work), :mod:`.placement`
-(where their prompts ran) and :mod:`.padding` (the buckets a padded decode graph ran),
+(where their prompts ran) and :mod:`.padding` (the buckets a padded decode graph ran, and the
+capture sizes and batch layout chosen from the step times),
 :mod:`.work` (that work as weights for the split), :mod:`.problem`
 (a meter's intervals and the steps, as a fit needs them), :mod:`.model`, :mod:`.parameters` and
 :mod:`.fit` (the device's power model, its parameters as a table, fitted as richly as the run
