@@ -194,6 +194,24 @@ def chosen_model(summary: dict[str, Any]) -> str | None:
     return fitted.get("model")
 
 
+def chosen_graph(summary: dict[str, Any]) -> str | None:
+    """The decode graphs' padding the default rule chose (layout and capture sizes), marked
+    where the step times did not tell it."""
+    fitted = summary["energy"]["meters"].get("sim", {}).get("power_model") or {}
+    graph = fitted.get("decode_graph") or {}
+    if not graph:
+        return None
+    told = graph.get("source") == "inferred from step times"
+    return f"{graph['layout']} {graph['capture_sizes']}" + ("" if told else " (kept)")
+
+
+def true_graph(engine: EngineConfig) -> str:
+    """The padding the simulated engine ran, named as :func:`chosen_graph` names it."""
+    if not engine.padded_buckets:
+        return "dense none"
+    return f"{'dense' if engine.dense_batch else 'slots'} {engine.capture_sizes}"
+
+
 def score(
     run_dir: Path, truth: dict[str, Any], steady_from: int, engine: EngineConfig | None = None
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray, dict[str, Any]]:
@@ -436,6 +454,8 @@ async def run_draw(draw: Draw, runs: Path) -> dict[str, Any]:
         "long_requests": int(long.sum()),
         "sampler_lateness_p99_ms": summary["telemetry"]["sampler"]["lateness_ms"]["p99"],
         "model": chosen_model(summary),
+        "graphs": chosen_graph(summary),
+        "true_graphs": true_graph(draw.engine),
         "methods": rows,
     }
 
@@ -469,6 +489,12 @@ def print_aggregate(results: list[dict[str, Any]]) -> None:
         f"the default rule's band holds the truth for {inside / queries:.1%} of {queries} queries "
         f"(worst draw {min(b['holds'] for b in bands):.1%}); median half-width "
         f"{np.median([b['half_width'] for b in bands]):.1%}"
+    )
+    told = [r for r in results if r.get("graphs") and not r["graphs"].endswith("(kept)")]
+    right = sum(r["graphs"] == r["true_graphs"] for r in told)
+    print(
+        f"decode-graph padding told by the step times in {len(told)} of {len(results)} draws, "
+        f"as the engine ran it in {right} of those"
     )
     if not fast:
         return
@@ -553,7 +579,10 @@ def fmt(err: dict[str, float] | None) -> str:
 
 def print_case(r: dict[str, Any], tail: str) -> None:
     if len(r["case"]) > 34:  # a drawn case: its physics on a line of its own
-        print(f"{r['case']} ({r['long_requests']}/{r['requests']} long) · model {r.get('model') or '—'}")
+        graphs = f" · graphs {r['graphs']} (ran {r['true_graphs']})" if r.get("graphs") else ""
+        print(
+            f"{r['case']} ({r['long_requests']}/{r['requests']} long) · model {r.get('model') or '—'}{graphs}"
+        )
     for i, (name, m) in enumerate(r["methods"].items()):
         label = "" if i or len(r["case"]) > 34 else f"{r['case']} ({r['long_requests']}/{r['requests']} long)"
         steady = "—" if m["steady"] is None else f"{m['steady']['p95']:.1%}"
