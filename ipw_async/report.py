@@ -287,57 +287,77 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
     elif acc.get("scored"):
         table.add_row("accuracy", f"{acc['accuracy']:.1%} of {acc['scored']}")
     energy = summary.get("energy", {})
-    if energy.get("total_j") is not None:
-        total, idle = energy["total_j"], energy.get("idle_j") or 0.0
-        headline = energy.get("headline_meters", [])
-        meters = energy.get("meters", {})
-        table.add_row(
-            f"energy ({', '.join(headline)})",
-            f"{total:,.1f} J: {energy.get('attributed_j', 0):,.1f} J to queries, {idle:,.1f} J idle"
-            f" ({idle / total:.0%})"
-            if total
-            else DASH,
-        )
-        if headline and all(meters.get(m, {}).get("kind") == "estimate" for m in headline):
-            # against a remote server with no meter here, the only figure is this host's CPU model
-            table.add_row(
-                "",
-                "[bold yellow]an ESTIMATE of this machine's CPU, not a measurement of the server: "
-                "give --telemetry-url or --prometheus-url for its GPUs[/]",
-            )
-        per_query = energy.get("per_query_j", {})
-        band = (energy.get("band_half_width") or {}).get("p50")
-        table.add_row(
-            f"J/{'call' if summary.get('tasks') else 'query'} p50 (mean)",
-            f"{_num(per_query.get('p50'), ',.2f')} ({_num(per_query.get('mean'), ',.2f')})"
-            + ("" if band is None else f", band ±{band:.0%} (median)"),
-        )
-        table.add_row("J/output token", _num(energy.get("j_per_output_token"), ",.3f"))
-        for name, meter in meters.items():
-            if meter.get("power_model"):
-                table.add_row(f"energy model ({name})", describe_model(meter["power_model"]))
-        errs = [m.get("conservation_error") for m in energy.get("meters", {}).values()]
-        errs = [abs(e) for e in errs if e is not None]
-        if errs:
-            table.add_row("conservation error", f"{max(errs):.2e}")
-    elif energy.get("skipped") is not None:
-        table.add_row("energy", "not measured (no energy source)")
+    _energy_rows(table, energy, "call" if tasks else "query")
     _telemetry_rows(table, summary.get("telemetry") or {}, energy)
-    client = summary.get("client") or {}
-    if client.get("cpu_us_per_event") is not None or client.get("process_cpu_us_per_event") is not None:
-        said = (
-            f"{_num(client.get('cpu_us_per_event'), '.1f', ' µs')} CPU per event on its event loop "
-            f"({_num(client.get('process_cpu_us_per_event'), '.1f', ' µs')} the whole process), "
-            f"{_num(client['events_per_s'], ',.0f')} "
-            f"events/s, loop lag p99 {_num(client['loop_lag_p99_ms'], '.1f', ' ms')}"
-        )
-        if client.get("client_limited"):
-            said += f" [bold yellow]— the client was the limit: {client['client_limited']}[/]"
-        table.add_row("client", said)
+    _client_rows(table, summary.get("client") or {})
     _validity_rows(table, summary)
+    _clock_rows(table, summary.get("telemetry", {}).get("clocks") or {})
+    if run_dir:
+        table.add_row("run directory", escape(run_dir))
+    return table
+
+
+def _energy_rows(table: Table, energy: dict[str, Any], unit: str) -> None:
+    """The run's energy, to queries and idle, per ``unit`` (a query, or a task's call), and
+    the model each meter was split by."""
+    if energy.get("total_j") is None:
+        if energy.get("skipped") is not None:
+            table.add_row("energy", "not measured (no energy source)")
+        return
+    total, idle = energy["total_j"], energy.get("idle_j") or 0.0
+    headline = energy.get("headline_meters", [])
+    meters = energy.get("meters", {})
+    table.add_row(
+        f"energy ({', '.join(headline)})",
+        f"{total:,.1f} J: {energy.get('attributed_j', 0):,.1f} J to queries, {idle:,.1f} J idle"
+        f" ({idle / total:.0%})"
+        if total
+        else DASH,
+    )
+    if headline and all(meters.get(m, {}).get("kind") == "estimate" for m in headline):
+        # against a remote server with no meter here, the only figure is this host's CPU model
+        table.add_row(
+            "",
+            "[bold yellow]an ESTIMATE of this machine's CPU, not a measurement of the server: "
+            "give --telemetry-url or --prometheus-url for its GPUs[/]",
+        )
+    per_query = energy.get("per_query_j", {})
+    band = (energy.get("band_half_width") or {}).get("p50")
+    table.add_row(
+        f"J/{unit} p50 (mean)",
+        f"{_num(per_query.get('p50'), ',.2f')} ({_num(per_query.get('mean'), ',.2f')})"
+        + ("" if band is None else f", band ±{band:.0%} (median)"),
+    )
+    table.add_row("J/output token", _num(energy.get("j_per_output_token"), ",.3f"))
+    for name, meter in meters.items():
+        if meter.get("power_model"):
+            table.add_row(f"energy model ({name})", describe_model(meter["power_model"]))
+    errs = [abs(e) for m in meters.values() if (e := m.get("conservation_error")) is not None]
+    if errs:
+        table.add_row("conservation error", f"{max(errs):.2e}")
+
+
+def _client_rows(table: Table, client: dict[str, Any]) -> None:
+    """What the client cost per event (its event loop's, and the whole process's), its rate
+    and lag, and whether it was the limit."""
+    if client.get("cpu_us_per_event") is None and client.get("process_cpu_us_per_event") is None:
+        return
+    said = (
+        f"{_num(client.get('cpu_us_per_event'), '.1f', ' µs')} CPU per event on its event loop "
+        f"({_num(client.get('process_cpu_us_per_event'), '.1f', ' µs')} the whole process), "
+        f"{_num(client['events_per_s'], ',.0f')} "
+        f"events/s, loop lag p99 {_num(client['loop_lag_p99_ms'], '.1f', ' ms')}"
+    )
+    if client.get("client_limited"):
+        said += f" [bold yellow]— the client was the limit: {client['client_limited']}[/]"
+    table.add_row("client", said)
+
+
+def _clock_rows(table: Table, clocks: dict[str, dict[str, Any]]) -> None:
+    """Each telemetry agent's clock against ours (one per agent, whatever its sources)."""
     agents: dict[str, dict[str, Any]] = {}
-    for clock in (summary.get("telemetry", {}).get("clocks") or {}).values():
-        agents.setdefault(clock.get("agent", "?"), clock)  # one clock per agent, whatever its sources
+    for clock in clocks.values():
+        agents.setdefault(clock.get("agent", "?"), clock)
     for agent, clock in agents.items():
         if clock.get("offset_ms") is not None:
             table.add_row(
@@ -345,6 +365,3 @@ def summary_table(summary: dict[str, Any], run_dir: str | None = None) -> Table:
                 f"{clock['offset_ms']:+,.3f} ms from ours ± {clock['uncertainty_ms']:.3f} ms "
                 f"({clock['pings']:,} round trips)",
             )
-    if run_dir:
-        table.add_row("run directory", escape(run_dir))
-    return table
