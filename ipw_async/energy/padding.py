@@ -22,8 +22,8 @@ Which rows a step pads depends on how the engine lays out its batch:
 The user may name the capture sizes (``--capture-sizes``); otherwise, and for the layout
 always, :func:`decode_graph` takes the candidate whose padded rows explain the decode steps'
 times best (thousands of steps, where the meter's intervals are few: on the real c128 and
-Poisson runs powers of two over slots left a residual 2.3× and 6.3× smaller than vLLM's sizes),
-and says which and why. Where the step times cannot tell the candidates apart (a batch that
+Poisson runs powers of two over slots left an RMS residual 3.1× and 4.9× smaller than vLLM's
+sizes), and says which and why. Where the step times cannot tell the candidates apart (a batch that
 never passed 8 rows pads alike under each), the padding does not matter to the split either,
 and slots with powers of two are kept.
 """
