@@ -1,0 +1,94 @@
+"""Does a slow telemetry read on the sampler's thread stall the client's event loop?
+
+The sampler reads its sources on a thread of its own (``ipw_async.telemetry.sampler``), and
+the question behind moving it to a process of its own is whether those reads hold the GIL the
+event loop needs. An NVML read costs about 3 ms of a CPU on an H100 host, and the counter
+probe reads back to back. pynvml calls the driver through ``ctypes.CDLL``, which lets go of
+the GIL for the call; psutil and sysfs reads parse text in Python, which does not.
+
+This runs an event loop that does 0.5 ms of Python work per iteration and times a 1 ms sleep
+(its lag: how late the loop ran the timer), while a thread beside it, under the switch
+interval the sampler sets (0.5 ms), reads back to back with 2 ms between reads:
+
+- ``no reads``: the thread only sleeps (the floor);
+- ``C call, 3 ms``: a 3 ms call through ``ctypes.CDLL`` (libc's ``usleep``: how pynvml reads);
+- ``Python, 3 ms``: 3 ms of Python bytecode (a read that parses in Python, at its worst).
+
+    python benchmarks/sampler_gil.py [--seconds 3] [--read-ms 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ipw_async.telemetry.sampler import SWITCH_INTERVAL_S
+
+LOOP_WORK_S = 0.0005  # the loop's own Python work per iteration
+GAP_S = 0.002  # between the thread's reads, as the counter probe reads
+
+
+def spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+async def loop_lag_ms(read: Callable[[], None], seconds: float) -> tuple[float, float]:
+    """The event loop's lag p50 and p99 (ms) over ``seconds`` while a thread calls ``read``."""
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            read()
+            time.sleep(GAP_S)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    lags = []
+    end = time.perf_counter() + seconds
+    try:
+        while time.perf_counter() < end:
+            asked = time.perf_counter()
+            await asyncio.sleep(0.001)
+            lags.append((time.perf_counter() - asked - 0.001) * 1000)
+            spin(LOOP_WORK_S)
+    finally:
+        stop.set()
+        thread.join()
+    p50, p99 = np.percentile(lags, [50, 99])
+    return float(p50), float(p99)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="each case's length")
+    parser.add_argument("--read-ms", type=float, default=3.0, help="one read's length")
+    args = parser.parse_args()
+    libc = ctypes.CDLL(None)
+    read_s = args.read_ms / 1000
+    cases: dict[str, Callable[[], None]] = {
+        "no reads": lambda: time.sleep(read_s),
+        f"C call, {args.read_ms:g} ms": lambda: libc.usleep(int(args.read_ms * 1000)),
+        f"Python, {args.read_ms:g} ms": lambda: spin(read_s),
+    }
+    saved = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        print(f"{'reads on the thread':<22} {'loop lag p50':>13} {'loop lag p99':>13}")
+        for name, read in cases.items():
+            p50, p99 = asyncio.run(loop_lag_ms(read, args.seconds))
+            print(f"{name:<22} {p50:>10.3f} ms {p99:>10.3f} ms")
+    finally:
+        sys.setswitchinterval(saved)
+
+
+if __name__ == "__main__":
+    main()
