@@ -41,16 +41,17 @@ draw's physics line names the effects drawn (``effects: none`` when none) and th
 (``step`` W, ``κ`` work/1000 tokens + step ms/1000 tokens, ``κp``, ``lag`` ms, ``jitter`` ms,
 ``leak`` W with its time constant, ``cap`` W and mode), and the power model chosen.
 
-Each draw's simulator also logs its steps, so four more rows say where an error comes from:
+Each draw's simulator also logs its steps, so five more rows say where an error comes from:
 ``sim steps+model`` splits the meter over the simulator's own steps as it split each of them
 (each step's power as drawn, each request's share as it caused it: what remains is the
-meter's resolution, and no rule can do better from it), ``sim power model`` by its
-power model over the same steps (what it adds is the power model's form: it has no term for
-graph, forward or per-token joules), ``sim model`` by its power model over the steps the run
-inferred (what it adds is the step inference), and ``fit, true effects`` is the fitted rule
-told which effects the device has (``--power-model``): what it adds to ``sim model`` is the
-weights the run could not identify, and the default's difference from it the selection's. A
-last table gives each draw's p95 built up over these stages and the stage that bounds it. The
+meter's resolution, and no rule can do better from it), ``sim steps, costs`` is the default
+rule with the simulator's own steps in place of the ones it infers (its step costs fitted
+over them: what it adds to the floor is the costs' form and fit), ``sim power model`` splits
+by the simulator's power model over its own steps (it has no term for graph, forward or
+per-token joules), ``sim model`` by that model over the steps the run inferred, and ``fit,
+true effects`` is the fitted rule told which effects the device has (``--power-model``). A
+last table gives each draw's default p95 built up over the meter, the costs and the inferred
+steps, and the stage that bounds it. The
 aggregate gives each method's
 median and worst p95, over all draws and over those with a counter of 100 ms or less; then,
 over the latter, the default's checks: draws with a p95 ≤ 5%, the median draw's p95, the
@@ -126,13 +127,12 @@ FITTED = "fitted"  # the power model fitted to the run, its per-step power share
 FLOOR = "sim steps+model"  # the simulator's own steps, split as it split them: the meter's resolution
 FORM = "sim power model"  # its power model over its own steps: the power model's form
 GIVEN = "fit, true effects"  # the fitted rule told which effects the device has: no selection
+COSTED = "sim steps, costs"  # the default's step costs, fitted over the simulator's own steps
 # Where the default's error comes from, stage by stage: each oracle row removes one stage
 STAGES = (
     ("meter", None, FLOOR),
-    ("form", FLOOR, FORM),
-    ("steps", FORM, "sim model"),
-    ("weights", "sim model", GIVEN),
-    ("selection", GIVEN, DEFAULT),
+    ("costs", FLOOR, COSTED),
+    ("steps", COSTED, DEFAULT),
 )
 
 
@@ -301,6 +301,7 @@ def score(
         known = known_energy(run_dir, truth, engine)
         for name, key in (
             (FLOOR, "logged steps"),
+            (COSTED, "logged steps, step costs"),
             (FORM, "logged steps, power model"),
             ("sim model", "inferred steps"),
         ):
@@ -528,22 +529,19 @@ def print_bounds(results: list[dict[str, Any]]) -> None:
     then over the steps inferred instead, then the power model's
     weights fitted (its effects given), then the effects chosen; the largest step bounds it."""
     print("\nwhere the default's p95 comes from, stage by stage (each oracle row removes one stage):")
-    print(
-        f"{'draw':<5} {'counter':>8} {'meter':>7} {'+form':>7} {'+steps':>7} {'+weights':>9} {'+selection':>11}"
-        "  bound    effects"
-    )
+    print(f"{'draw':<5} {'counter':>8} {'meter':>7} {'+costs':>7} {'+steps':>7}  bound    effects")
     bounds: dict[str, list[int]] = {name: [] for name, _, _ in STAGES}
     for r in results:
         seed = r["seed"]
         m = r["methods"]
-        if GIVEN not in m or FLOOR not in m:
+        if COSTED not in m:
             continue
         steps = {name: p95(m[row]) - (p95(m[base]) if base else 0.0) for name, base, row in STAGES}
         bound = max(steps, key=lambda name: steps[name])
         bounds[bound].append(seed)
         print(
-            f"#{seed:<4} {r['counter_ms']:>6.0f}ms {steps['meter']:>7.1%} {steps['form']:>+7.1%} {steps['steps']:>+7.1%} "
-            f"{steps['weights']:>+9.1%} {steps['selection']:>+11.1%}  {bound:<8} {','.join(r['effects']) or 'none'}"
+            f"#{seed:<4} {r['counter_ms']:>6.0f}ms {steps['meter']:>7.1%} {steps['costs']:>+7.1%} "
+            f"{steps['steps']:>+7.1%}  {bound:<8} {','.join(r['effects']) or 'none'}"
         )
     print("draws bounded by each stage: " + "; ".join(f"{k} {len(v)} {v}" for k, v in bounds.items()))
 

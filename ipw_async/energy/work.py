@@ -70,9 +70,13 @@ class Work:
 
     @classmethod
     def of(cls, requests: pl.DataFrame, capture_sizes: CaptureSizes | None = None) -> Work:
-        steps = steps_of(requests, capture_sizes)
-        placed = _step_segments(requests, steps)
-        return cls(steps, last_step_segments(requests, steps.end), placed)
+        """The steps the requests' token arrivals imply, and the work in them."""
+        return cls.over(requests, steps_of(requests, capture_sizes))
+
+    @classmethod
+    def over(cls, requests: pl.DataFrame, steps: Steps) -> Work:
+        """The requests' work in ``steps`` (inferred, or an engine's own log)."""
+        return cls(steps, last_step_segments(requests, steps.end), _step_segments(requests, steps))
 
 
 def _step_segments(requests: pl.DataFrame, steps: Steps) -> Segments:

@@ -19,10 +19,12 @@ import polars as pl
 from scipy import sparse
 
 from ..energy import AttributionConfig, request_windows, split_with_known
+from ..energy.attribute import attribute_meter
 from ..energy.drift import Drift
 from ..energy.model import PowerModel
 from ..energy.split import StepShares
 from ..energy.steps import Steps, steps_of
+from ..energy.work import Work
 from ..rundir.read import RunDir
 from .physics import EngineConfig
 
@@ -117,7 +119,9 @@ def known_energy(
     (``"logged steps"``: the meter's floor; by its power model where the run's simulator did not
     log each step's split), by its power model over the logged steps (``"logged steps, power
     model"``: the model has no term for graph, forward or per-token joules, and errs where the
-    device has them) and over the steps the run infers (``"inferred steps"``)."""
+    device has them) and over the steps the run infers (``"inferred steps"``), and by the
+    default rule's step costs fitted over the logged steps (``"logged steps, step costs"``: what
+    the default does with the engine's true steps in place of the ones it infers)."""
     if "steps" not in truth:
         raise ValueError("the simulator kept no steps: run it with record_steps")
     run = RunDir.open(run_dir)
@@ -142,4 +146,13 @@ def known_energy(
     ):
         energy = split_with_known(telemetry, meter, requests, steps, model, config, exact)
         out[name] = dict(zip(ids, energy.tolist(), strict=True))
+    own = manifest.finishing
+    default = AttributionConfig(
+        baseline_w=own.baseline_w,
+        context_cost=own.context_cost,
+        baseline_window_ns=manifest.baseline_window_ns,
+        session_starts_ns=manifest.session_starts_ns,
+    )
+    costed = attribute_meter(telemetry, meter, requests, default, Work.over(requests, logged)).energy_j
+    out["logged steps, step costs"] = dict(zip(ids, costed.tolist(), strict=True))
     return out
