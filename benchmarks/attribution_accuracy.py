@@ -44,14 +44,15 @@ draw's physics line names the effects drawn (``effects: none`` when none) and th
 Each draw's simulator also logs its steps, so five more rows say where an error comes from:
 ``sim steps+model`` splits the meter over the simulator's own steps as it split each of them
 (each step's power as drawn, each request's share as it caused it: what remains is the
-meter's resolution, and no rule can do better from it), ``sim steps, costs`` is the default
-rule with the simulator's own steps in place of the ones it infers (its step costs fitted
-over them: what it adds to the floor is the costs' form and fit), ``sim power model`` splits
+meter's resolution, and no rule can do better from it), ``default, sim steps`` is the default
+rule with the simulator's own steps in place of the ones it infers (its step costs, or the
+power model where it chooses one, fitted over them: what it adds to the floor is the model's
+form and fit), ``sim power model`` splits
 by the simulator's power model over its own steps (it has no term for graph, forward or
 per-token joules), ``sim model`` by that model over the steps the run inferred, and ``fit,
 true effects`` is the fitted rule told which effects the device has (``--power-model``). A
-last table gives each draw's default p95 built up over the meter, the costs and the inferred
-steps, and the stage that bounds it. The
+last table gives each draw's default p95 built up over the meter, the rule's model and the
+inferred steps, and the stage that bounds it. The
 aggregate gives each method's
 median and worst p95, over all draws and over those with a counter of 100 ms or less; then,
 over the latter, the default's checks: draws with a p95 ≤ 5%, the median draw's p95, the
@@ -127,11 +128,11 @@ FITTED = "fitted"  # the power model fitted to the run, its per-step power share
 FLOOR = "sim steps+model"  # the simulator's own steps, split as it split them: the meter's resolution
 FORM = "sim power model"  # its power model over its own steps: the power model's form
 GIVEN = "fit, true effects"  # the fitted rule told which effects the device has: no selection
-COSTED = "sim steps, costs"  # the default's step costs, fitted over the simulator's own steps
+COSTED = "default, sim steps"  # the default rule over the simulator's own steps
 # Where the default's error comes from, stage by stage: each oracle row removes one stage
 STAGES = (
     ("meter", None, FLOOR),
-    ("costs", FLOOR, COSTED),
+    ("rule", FLOOR, COSTED),
     ("steps", COSTED, DEFAULT),
 )
 
@@ -301,7 +302,7 @@ def score(
         known = known_energy(run_dir, truth, engine)
         for name, key in (
             (FLOOR, "logged steps"),
-            (COSTED, "logged steps, step costs"),
+            (COSTED, "logged steps, default rule"),
             (FORM, "logged steps, power model"),
             ("sim model", "inferred steps"),
         ):
@@ -529,7 +530,7 @@ def print_bounds(results: list[dict[str, Any]]) -> None:
     then over the steps inferred instead, then the power model's
     weights fitted (its effects given), then the effects chosen; the largest step bounds it."""
     print("\nwhere the default's p95 comes from, stage by stage (each oracle row removes one stage):")
-    print(f"{'draw':<5} {'counter':>8} {'meter':>7} {'+costs':>7} {'+steps':>7}  bound    effects")
+    print(f"{'draw':<5} {'counter':>8} {'meter':>7} {'+rule':>7} {'+steps':>7}  bound    effects")
     bounds: dict[str, list[int]] = {name: [] for name, _, _ in STAGES}
     for r in results:
         seed = r["seed"]
@@ -540,7 +541,7 @@ def print_bounds(results: list[dict[str, Any]]) -> None:
         bound = max(steps, key=lambda name: steps[name])
         bounds[bound].append(seed)
         print(
-            f"#{seed:<4} {r['counter_ms']:>6.0f}ms {steps['meter']:>7.1%} {steps['costs']:>+7.1%} "
+            f"#{seed:<4} {r['counter_ms']:>6.0f}ms {steps['meter']:>7.1%} {steps['rule']:>+7.1%} "
             f"{steps['steps']:>+7.1%}  {bound:<8} {','.join(r['effects']) or 'none'}"
         )
     print("draws bounded by each stage: " + "; ".join(f"{k} {len(v)} {v}" for k, v in bounds.items()))

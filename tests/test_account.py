@@ -71,7 +71,7 @@ async def test_the_engine_s_own_steps_split_the_meter_to_its_resolution(tmp_path
     assert _p95(own, truth["requests"], ids) < min(0.15, _p95(equal, truth["requests"], ids) / 2)
     # the default rule over the engine's own steps splits the same meter energy, and the engine's
     # steps (a prompt's chunks where they ran) take it nearer the truth than equal shares
-    costed = known["logged steps, step costs"]
+    costed = known["logged steps, default rule"]
     assert sum(costed[i] for i in ids) == pytest.approx(sum(own[i] for i in ids), rel=0.02)
     assert _p95(costed, truth["requests"], ids) < _p95(equal, truth["requests"], ids) / 2
 

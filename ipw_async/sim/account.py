@@ -120,8 +120,9 @@ def known_energy(
     log each step's split), by its power model over the logged steps (``"logged steps, power
     model"``: the model has no term for graph, forward or per-token joules, and errs where the
     device has them) and over the steps the run infers (``"inferred steps"``), and by the
-    default rule's step costs fitted over the logged steps (``"logged steps, step costs"``: what
-    the default does with the engine's true steps in place of the ones it infers)."""
+    default rule over the logged steps (``"logged steps, default rule"``: its step costs, or the
+    power model where that explains the meter better, fitted with the engine's true steps in
+    place of the ones it infers)."""
     if "steps" not in truth:
         raise ValueError("the simulator kept no steps: run it with record_steps")
     run = RunDir.open(run_dir)
@@ -154,5 +155,5 @@ def known_energy(
         session_starts_ns=manifest.session_starts_ns,
     )
     costed = attribute_meter(telemetry, meter, requests, default, Work.over(requests, logged)).energy_j
-    out["logged steps, step costs"] = dict(zip(ids, costed.tolist(), strict=True))
+    out["logged steps, default rule"] = dict(zip(ids, costed.tolist(), strict=True))
     return out
