@@ -203,7 +203,15 @@ def chosen_graph(summary: dict[str, Any]) -> str | None:
     if not graph:
         return None
     told = graph.get("source") == "inferred from step times"
-    return f"{graph['layout']} {graph['capture_sizes']}" + ("" if told else " (kept)")
+    sizes = "|".join([graph["capture_sizes"], *graph.get("alike", [])])  # alike: the same rows here
+    return f"{graph['layout']} {sizes}" + ("" if told else " (kept)")
+
+
+def _same_padding(chosen: str, ran: str) -> bool:
+    """Whether the padding chosen (``layout sizes|alike``) is the one the engine ran."""
+    layout, sizes = chosen.split(" ", 1)
+    ran_layout, ran_sizes = ran.split(" ", 1)
+    return layout == ran_layout and ran_sizes in sizes.split("|")
 
 
 def true_graph(engine: EngineConfig) -> str:
@@ -493,7 +501,7 @@ def print_aggregate(results: list[dict[str, Any]]) -> None:
         f"{np.median([b['half_width'] for b in bands]):.1%}"
     )
     told = [r for r in results if r.get("graphs") and not r["graphs"].endswith("(kept)")]
-    right = sum(r["graphs"] == r["true_graphs"] for r in told)
+    right = sum(_same_padding(r["graphs"], r["true_graphs"]) for r in told)
     print(
         f"decode-graph padding told by the step times in {len(told)} of {len(results)} draws, "
         f"as the engine ran it in {right} of those"

@@ -137,7 +137,8 @@ def main() -> None:
                             f"{k} {v:.2f}" for k, v in (graph.get("step_time_rms_ms") or {}).items()
                         )
                         print(
-                            f"{'':28s} decode graphs: {graph.get('layout')} padded to {graph.get('capture_sizes')} "
+                            f"{'':28s} decode graphs: {graph.get('layout')} padded to "
+                            f"{'|'.join([str(graph.get('capture_sizes')), *graph.get('alike', [])])} "
                             f"({graph.get('source')}); step-time RMS ms: {rms}"
                         )
 

@@ -112,9 +112,10 @@ def _describe_cost_fit(model: dict[str, Any]) -> list[str]:
         + (f"{held:.1%} held out" if held is not None else "not held out (too few intervals)")
     ]
     graph = model.get("decode_graph") or {}
+    alike = f", the same here as {' and '.join(graph['alike'])}" if graph.get("alike") else ""
     padding = (
         [
-            f"decode graphs: {graph['layout']} batch padded to {graph['capture_sizes']} sizes ({graph['source']})"
+            f"decode graphs: {graph['layout']} batch padded to {graph['capture_sizes']} sizes{alike} ({graph['source']})"
         ]
         if graph
         else []

@@ -227,3 +227,14 @@ def test_step_times_that_do_not_tell_paddings_apart_keep_slots_and_powers_of_two
     assert np.array_equal(rows, VLLM.pad(slot_replay(steps, admitted)[0]))
     few = _timed(_lived_steps(5, n_steps=20, n_requests=10), np.zeros(20), 6)
     assert decode_graph(few, np.arange(10, dtype=float))[2]["source"].startswith("assumed: ")
+
+
+def test_sizes_that_pad_a_run_s_batches_alike_are_named_together() -> None:
+    """A batch that never passes 8 rows pads to the same sizes under powers of two and vLLM's
+    sizes: the run names both, since it could not tell them apart and need not."""
+    steps = _lived_steps(7, n_requests=30)
+    admitted = np.arange(30, dtype=float)
+    slots, _ = slot_replay(steps, admitted)
+    assert 4 < slots.max() <= 8
+    _, _, chosen = decode_graph(_timed(steps, POWERS_OF_TWO.pad(slots), 8), admitted)
+    assert (chosen["layout"], chosen["capture_sizes"], chosen["alike"]) == ("slots", "pow2", ["vllm"])

@@ -198,10 +198,18 @@ def decode_graph(
     runner_up = min((key for key in rms if key != chosen), key=rms.__getitem__)
     told = chosen != default or decisive(chosen, runner_up)
     source = "inferred from step times" if told else "kept: the step times do not tell the candidates apart"
+    # sizes that pad this run's batches exactly as the chosen ones do (up to 8 rows, vLLM's and
+    # powers of two are the same sizes): the run cannot tell them apart, nor need to
+    alike = [
+        name
+        for (layout, name), rows in padded.items()
+        if layout == chosen[0] and name != chosen[1] and np.array_equal(rows, padded[chosen])
+    ]
     described |= {
         "layout": chosen[0],
         "capture_sizes": chosen[1],
         "source": source if given is None else f"capture sizes given, layout {source}",
+        "alike": alike,
         "decode_steps": n,
         "step_time_rms_ms": {f"{layout} {name}": value for (layout, name), value in rms.items()},
     }
