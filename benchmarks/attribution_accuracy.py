@@ -47,13 +47,14 @@ Each draw's simulator also logs its steps, so five more rows say where an error 
 meter's resolution, and no rule can do better from it), ``default, sim steps`` is the default
 rule with the simulator's own steps in place of the ones it infers (its step costs, or the
 power model where it chooses one, fitted over them: what it adds to the floor is the model's
-form and fit), ``sim power model`` splits
-by the simulator's power model over its own steps (it has no term for graph, forward or
-per-token joules), ``sim model`` by that model over the steps the run inferred, and ``fit,
-true effects`` is the fitted rule told which effects the device has (``--power-model``). A
-last table gives each draw's default p95 built up over the meter, the rule's model and the
-inferred steps, and the stage that bounds it. The
-aggregate gives each method's
+form and fit), ``sim power model`` splits by the simulator's power model over its own steps
+(it has no term for graph, forward or per-token joules), ``sim model`` by that model over the
+steps the run inferred, and ``fit, true effects`` is the fitted rule told which effects the
+device has (``--power-model``). A last table gives each draw's default p95 built up over the
+meter, the rule's model and the inferred steps, and the stage that bounds it. Each draw's
+line names the decode graphs' padding the default chose (``|``: sizes that pad its batches
+alike) beside the one the engine ran, and the aggregate says how often the step times told
+it. The aggregate gives each method's
 median and worst p95, over all draws and over those with a counter of 100 ms or less; then,
 over the latter, the default's checks: draws with a p95 ≤ 5%, the median draw's p95, the
 worst draw's band holds and the draws where they are ≥ 90%, the worst |conservation|, the
@@ -534,9 +535,9 @@ def print_aggregate(results: list[dict[str, Any]]) -> None:
 
 def print_bounds(results: list[dict[str, Any]]) -> None:
     """Per draw, the default's p95 built up stage by stage from the oracles: the meter's floor
-    (the simulator's steps, split as it split them), then its power model over those steps,
-    then over the steps inferred instead, then the power model's
-    weights fitted (its effects given), then the effects chosen; the largest step bounds it."""
+    (the simulator's steps, split as it split them), then the default rule over those steps
+    (its model's form and fit), then over the steps it infers (the default itself); the
+    largest step bounds it."""
     print("\nwhere the default's p95 comes from, stage by stage (each oracle row removes one stage):")
     print(f"{'draw':<5} {'counter':>8} {'meter':>7} {'+rule':>7} {'+steps':>7}  bound    effects")
     bounds: dict[str, list[int]] = {name: [] for name, _, _ in STAGES}
