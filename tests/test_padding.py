@@ -227,6 +227,10 @@ def test_step_times_that_do_not_tell_paddings_apart_keep_slots_and_powers_of_two
     assert np.array_equal(rows, VLLM.pad(slot_replay(steps, admitted)[0]))
     few = _timed(_lived_steps(5, n_steps=20, n_requests=10), np.zeros(20), 6)
     assert decode_graph(few, np.arange(10, dtype=float))[2]["source"].startswith("assumed: ")
+    given_few = decode_graph(few, np.arange(10, dtype=float), VLLM)[2]
+    assert given_few["capture_sizes"] == "vllm" and given_few["source"].startswith(
+        "capture sizes given, layout assumed"
+    )
 
 
 def test_sizes_that_pad_a_run_s_batches_alike_are_named_together() -> None:

@@ -180,7 +180,8 @@ def decode_graph(
     described: dict[str, Any] = {"layout": default[0], "capture_sizes": default[1]}
     n = int(timed.sum())
     if n < MIN_DECODE_STEPS:
-        described["source"] = f"assumed: {n} decode steps are too few to tell paddings apart"
+        assumed = f"assumed: {n} decode steps are too few to tell paddings apart"
+        described["source"] = assumed if given is None else f"capture sizes given, layout {assumed}"
         return padded[default], length, described
     rms = {}
     for key, rows in padded.items():
