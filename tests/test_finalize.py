@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import psutil
@@ -261,19 +262,34 @@ def test_library_and_cli_seed_the_simulator_alike(tmp_path: Path) -> None:
     assert answers(tmp_path / "lib") != answers(tmp_path / "seed0")
 
 
+def _refinalized(
+    finished_run: Path, run_dir: Path, option: str, refused: str, accepted: str, why: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The energy section of a copy of ``finished_run`` before and after ``finalize option
+    accepted``, once ``finalize option refused`` has exited 2 saying ``why`` and rewritten nothing."""
+    import shutil
+
+    shutil.copytree(finished_run, run_dir)
+    before = json.loads((run_dir / "summary.json").read_text())["energy"]
+    result = cli.invoke(app, ["finalize", str(run_dir), option, refused], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and why in result.output
+    assert json.loads((run_dir / "summary.json").read_text())["energy"] == before  # nothing rewritten
+    assert cli.invoke(app, ["finalize", str(run_dir), option, accepted]).exit_code == 0
+    return before, json.loads((run_dir / "summary.json").read_text())["energy"]
+
+
 def test_finalize_says_how_a_step_s_context_is_shared_and_refuses_what_it_does_not_know(
     finished_run: Path, tmp_path: Path
 ) -> None:
-    import shutil
-
-    run_dir = tmp_path / "context"
-    shutil.copytree(finished_run, run_dir)
-    before = json.loads((run_dir / "summary.json").read_text())["energy"]
+    before, after = _refinalized(
+        finished_run,
+        tmp_path / "context",
+        "--context-cost",
+        "padded",
+        "own",
+        "'padded' is not one of 'shared', 'own'",
+    )
     assert before["context_cost"] == "shared"
-    refused = cli.invoke(app, ["finalize", str(run_dir), "--context-cost", "padded"], env={"COLUMNS": "300"})
-    assert refused.exit_code == 2 and "'padded' is not one of 'shared', 'own'" in refused.output
-    assert cli.invoke(app, ["finalize", str(run_dir), "--context-cost", "own"]).exit_code == 0
-    after = json.loads((run_dir / "summary.json").read_text())["energy"]
     model = after["meters"]["sim"]["power_model"]
     # a padded graph's rows and attention length are the step's whatever each request reads
     assert after["context_cost"] == "own" and model["shared_equally"] == [
@@ -288,19 +304,18 @@ def test_finalize_says_how_a_step_s_context_is_shared_and_refuses_what_it_does_n
 def test_finalize_pads_decode_graphs_to_the_sizes_given_and_refuses_sizes_it_cannot_read(
     finished_run: Path, tmp_path: Path
 ) -> None:
-    import shutil
-
-    run_dir = tmp_path / "capture"
-    shutil.copytree(finished_run, run_dir)
-    before = json.loads((run_dir / "summary.json").read_text())["energy"]
+    sizes = "1,2,4,8,16,32,64"
+    before, after = _refinalized(
+        finished_run,
+        tmp_path / "capture",
+        "--capture-sizes",
+        "16,8",
+        sizes,
+        "ascending batch sizes separated by commas",
+    )
     assert before["capture_sizes"] == "auto"
     assert before["meters"]["sim"]["power_model"]["decode_graph"]["source"]  # the run said why
-    refused = cli.invoke(app, ["finalize", str(run_dir), "--capture-sizes", "16,8"], env={"COLUMNS": "300"})
-    assert refused.exit_code == 2 and "ascending batch sizes separated by commas" in refused.output
-    assert json.loads((run_dir / "summary.json").read_text())["energy"] == before  # nothing rewritten
-    assert cli.invoke(app, ["finalize", str(run_dir), "--capture-sizes", "1,2,4,8,16,32,64"]).exit_code == 0
-    after = json.loads((run_dir / "summary.json").read_text())["energy"]
     graph = after["meters"]["sim"]["power_model"]["decode_graph"]
-    assert after["capture_sizes"] == "1,2,4,8,16,32,64" and graph["capture_sizes"] == "1,2,4,8,16,32,64"
+    assert after["capture_sizes"] == sizes and graph["capture_sizes"] == sizes
     assert graph["source"].startswith("capture sizes given")
     assert abs(after["meters"]["sim"]["conservation_error"]) < 1e-9
