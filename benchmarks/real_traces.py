@@ -10,7 +10,8 @@ traces' own ``score.py`` scores: requests with status ``ok``, not warm-up, e2e �
 Printed per run and rule: scored requests, p50 and p95 of |error|, bias (mean signed error),
 Σ energy / Σ reference, and for the band (``energy_low_j`` … ``energy_high_j``) the share of
 requests whose reference it holds and its median half-width relative to the energy; then the
-static power and the costs the default rule found, and the decode graphs' padding it chose
+static power, the costs the default rule found (and those the BIC left out) and its held-out
+interval error, and the decode graphs' padding it chose
 (each candidate's RMS residual over the decode steps' times). A new real run joins by being put there.
 
     python benchmarks/real_traces.py [--traces ../shared/traces] [--rules steps,tokens,equal]
@@ -127,10 +128,12 @@ def main() -> None:
                     meters = summary["energy"]["meters"]
                     model = next((m["power_model"] for m in meters.values() if "power_model" in m), None)
                     if model:
-                        costs = {k: round(v, 5) for k, v in model["costs"].items()}
+                        costs = {k: round(v, 5) for k, v in model["costs"].items() if v}
                         print(
                             f"{'':28s} static {model['static_w']:.1f} W ({model['static_source']}), "
-                            f"R² {model['r2']:.2f}, costs {json.dumps(costs)}"
+                            f"R² {model['r2']:.2f}, held-out interval error {model['held_out_error']:.1%}, "
+                            f"costs {json.dumps(costs)}; left out by the BIC: "
+                            f"{', '.join(model.get('unsupported', [])) or 'none'}"
                         )
                         graph = model.get("decode_graph") or {}
                         rms = ", ".join(

@@ -5,13 +5,14 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
 import pytest
 
 from ipw_async import finalize
-from ipw_async.energy import AttributionConfig, attribute
+from ipw_async.energy import AttributionConfig, attribute, stepcost
 from ipw_async.energy.attribute import model_choice
 from ipw_async.energy.model import PowerModel
 from ipw_async.energy.stepcost import CONTEXT_COSTS, COSTS, TERMS, StepCost, _decay, entry_features
@@ -241,6 +242,31 @@ def test_the_steps_rule_recovers_a_v2_truth_and_beats_token_work(
     assert np.median((high - low) / 2 / truth) < 0.15
 
 
+@pytest.mark.parametrize(("per_step_j", "per_token_j"), [(2.2, 0.014), (0.5, 0.05)])
+def test_costs_the_meter_does_not_call_for_are_left_out_and_the_split_comes_closer(
+    monkeypatch: pytest.MonkeyPatch, per_step_j: float, per_token_j: float
+) -> None:
+    # the device has a decode step's cost, a prompt's forward (0.3 J) and its tokens; a fit of
+    # every cost also charges padded rows' reads and prompt positions, which it has not
+    recs, tel, truth = _run(np.random.default_rng(7), per_step_j, per_token_j)
+    config = AttributionConfig(baseline_w=STATIC_W)
+    has = {"per_decode_step_j", "per_decode_second_w", "per_prefill_forward_j", "per_prompt_token_j"}
+
+    def fitted(section: dict[str, Any]) -> tuple[set[str], dict[str, Any]]:
+        model = section["meters"]["dev"]["power_model"]
+        return {name for name, c in model["costs"].items() if c}, model
+
+    chosen, section = attribute(tel, [GPU], recs, config)
+    used, model = fitted(section)
+    assert used <= has and model["unsupported"] and not used & set(model["unsupported"])
+    assert model["costs"]["per_prompt_token_j"] == pytest.approx(per_token_j, rel=0.05)
+    assert "not called for by the meter's intervals" in " ".join(model["notes"])
+    monkeypatch.setattr(stepcost, "_selected", lambda problem, x, rows: stepcost._fit_rows(problem, x, rows))
+    whole, section = attribute(tel, [GPU], recs, config)
+    assert fitted(section)[0] - has  # every cost fitted: some the device has not
+    assert _p95(chosen, truth) < _p95(whole, truth)
+
+
 def test_a_capped_concave_device_is_split_by_its_power_model_chosen_over_step_costs() -> None:
     # power concave in the step's work and clipped at a cap (a GPU at its power limit), with no
     # cost of its own per step: step costs can only approximate it, and the run's data say so
@@ -305,11 +331,11 @@ def test_too_few_intervals_fit_no_costs_and_the_band_says_it_is_unsure() -> None
 
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-# p95 of |error| against each real run's v2 reference, as this rule reached it (1.5 / 3.9 /
-# 10.6%), with room for float noise: a change that makes any real run worse fails here
-REACHED = {"h100-8b-graphs/c8": 0.02, "h100-8b-graphs/c128": 0.04, "h100-8b-graphs/pois": 0.11}
-# the band's median half-width there (4.3 / 3.5 / 11.7%): the issue's bar is 15%
-BAND = {"h100-8b-graphs/c8": 0.045, "h100-8b-graphs/c128": 0.04, "h100-8b-graphs/pois": 0.12}
+# p95 of |error| against each real run's v2 reference, as this rule reached it (1.9 / 3.1 /
+# 8.8%), with room for float noise: a change that makes any real run worse fails here
+REACHED = {"h100-8b-graphs/c8": 0.02, "h100-8b-graphs/c128": 0.032, "h100-8b-graphs/pois": 0.09}
+# the band's median half-width there (5.5 / 9.2 / 14.1%): the issue's bar is 15%
+BAND = {"h100-8b-graphs/c8": 0.06, "h100-8b-graphs/c128": 0.095, "h100-8b-graphs/pois": 0.145}
 
 
 @pytest.mark.skipif(
