@@ -328,6 +328,25 @@ def rival(cost: StepCost, model: PowerModel) -> bool:
     return cost.r2 is not None and model.r2 is not None and model.r2 >= cost.r2 - RIVAL_R2
 
 
+def _models(
+    problem: Problem, work: Work, meter: Meter, config: AttributionConfig, requests: int
+) -> tuple[
+    Callable[[_Inputs], Split] | None, StepCost | None, PowerModel | None, list[PowerModel], dict[str, Any]
+]:
+    """The rule a meter is split by and what it fitted for it: the steps rule's costs (or the
+    power model where it explains the meter better, and the rule is then the fitted one); for
+    the other rules' band and the fitted rule's split, the device's power model. Each describes
+    the accelerator: a host meter, or a run with no request, fits neither."""
+    rule = RULES[config.rule]
+    if not meter.accelerator or requests == 0 or rule is None:
+        return rule, None, None, [], {}
+    if rule is _steps:
+        cost, model, alike, choice = _step_costs_or_model(problem, work, meter, config)
+        return (_fitted if model is not None else rule), cost, model, alike, choice
+    model, alike = fit(problem, config.effects)
+    return rule, None, model, alike, {}
+
+
 def attribute_meter(
     telemetry: pl.DataFrame, meter: Meter, requests: pl.DataFrame, config: AttributionConfig, work: Work
 ) -> MeterResult:
@@ -342,20 +361,8 @@ def attribute_meter(
     # the extension beyond the telemetry is imputed: it adds to both terms alike
     measured_j = float(vc.e[-1] - vc.e[0] - np.sum(np.diff(vc.e)[vc.imputed]))
     baseline = _baseline_w(vc, meter, config)
-    rule = RULES[config.rule]
-    accelerator = meter.accelerator and n > 0 and rule is not None
     problem = Problem(vc, work.steps, baseline, config.prefill_weight, _temperature(telemetry, meter))
-    # the steps rule's costs, fitted to the run; the other rules' band and the fitted rule's
-    # split use the device's power model instead (each describes the accelerator, not a host)
-    cost: StepCost | None = None
-    model, alike = None, []
-    choice: dict[str, Any] = {}
-    if accelerator and rule is _steps:
-        cost, model, alike, choice = _step_costs_or_model(problem, work, meter, config)
-        if model is not None:  # the device's power explains its meter better
-            rule = _fitted
-    elif accelerator:
-        model, alike = fit(problem, config.effects)
+    rule, cost, model, alike, choice = _models(problem, work, meter, config, n)
     inputs = _Inputs(
         requests,
         work,
