@@ -14,7 +14,7 @@ sequential profiler reports (it counts overlaps again: no conservation, no band)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -456,21 +456,20 @@ def _cost_estimate(
     """The step costs' split, with the band of the costs chosen and refitted over resampled
     intervals and their near ties, the other reading of the context (neither the meter nor
     step times tell them apart), a rival power model's split and the splits by token work over
-    the same static power, a prompt token worth the least and the most it does on the servers
-    we know: the form of the costs is itself a model, and token work is the split convention
-    v2 gives a step with no fixed cost. The band spans what each could move. (Token work at
-    the default weight alone left it holding the reference for 83% of a real H100 Poisson
-    run's requests, which the prompt-token cost the run fitted undercharges at 2,047 tokens.)"""
+    the same static power, a prompt token worth the least it does on the servers we know, the
+    run's prefill weight and the most: the form of the costs is itself a model, and token work
+    is the split convention v2 gives a step with no fixed cost. The band spans what each could
+    move. (Token work at the run's weight alone left it holding the reference for 83% of a
+    real H100 Poisson run's requests, which the prompt-token cost the run fitted undercharges
+    at 2,047 tokens; a request's split is not monotonic in the weight, so the run's stays.)"""
     timeline = Timeline(vc, inputs.active, [inputs.work.placed], inputs.requests.height)
     energy, imputed_part, idle, pooled_idle = _apply(timeline, rule(inputs))
     seen = inputs.designs(cost.lag_ms)
-    other = replace(cost, context_cost=next(c for c in CONTEXT_COSTS if c != cost.context_cost))
-    others = [_energy(timeline, step_cost_split(c, inputs.work, seen)) for c in (*cost.replicated(), other)]
+    others = [_energy(timeline, step_cost_split(c, inputs.work, seen)) for c in cost.alternatives()]
     others += [_energy(timeline, inputs.model_split(m)) for m in alike]
     placed = inputs.work.placed
-    others += [
-        _energy(timeline, Split(placed.weighted(w), cost.static_w, True)) for w in BAND_PREFILL_WEIGHTS
-    ]
+    weights = (BAND_PREFILL_WEIGHTS[0], inputs.prefill_weight, BAND_PREFILL_WEIGHTS[1])
+    others += [_energy(timeline, Split(placed.weighted(w), cost.static_w, True)) for w in weights]
     low, high = cost_band(timeline, [energy, *others], cost.window_error)
     return timeline, energy, imputed_part, idle, pooled_idle, low, high
 

@@ -166,6 +166,7 @@ class StepCost:
     # how the fit's error falls over windows of meter intervals (:func:`_decay`): lengths, factors
     decay: tuple[np.ndarray, np.ndarray] | None = None
     unsupported: tuple[str, ...] = ()  # costs the whole fit found that the BIC left out (:func:`_selected`)
+    every_cost: tuple[float, np.ndarray] | None = None  # that whole fit's (static, costs), for the band
 
     def entry_energy(self, features: np.ndarray) -> np.ndarray:
         """Each entry's modelled energy (J): its own costs and its equal share of the step's."""
@@ -201,16 +202,23 @@ class StepCost:
         within = np.exp(np.interp(np.log(np.minimum(k, longest)), np.log(lengths), np.log(factors)))
         return self.band_error * np.maximum(within * np.sqrt(np.minimum(k, longest) / k), independent)
 
-    def replicated(self) -> list[StepCost]:
-        """The costs refitted to resamplings of the meter's intervals (:func:`_bootstrap`): the
-        band's. Costs the meter tells apart only together (a step's time and its padded rows,
-        a prompt's forward and its tokens) move together there, each refit still a fit; each
-        cost moved alone by its standard error, the others held, charged 3.6 J a padded row on
-        a real H100 run, and clipped at zero its twin, splits that fit no interval."""
-        return [
-            replace(self, static_w=static, costs=costs, replicates=[], notes=[])
-            for static, costs in self.replicates
-        ]
+    def alternatives(self) -> list[StepCost]:
+        """The band's other fits: the costs chosen and refitted over resamplings of the meter's
+        intervals (:func:`_bootstrap`) and their near ties; these costs under the other reading
+        of the context; and where the BIC left costs out, the fit with every cost under both
+        readings (a context cost left out changes nothing between them). Costs the meter tells
+        apart only together (a step's time and its padded rows, a prompt's forward and its
+        tokens) move together in a refit, each still a fit; each cost moved alone by its
+        standard error, the others held, charged 3.6 J a padded row on a real H100 run, and
+        clipped at zero its twin, splits that fit no interval."""
+        bare = replace(self, replicates=[], every_cost=None, notes=[])
+        other = next(c for c in CONTEXT_COSTS if c != self.context_cost)
+        fits = [replace(bare, static_w=static, costs=costs) for static, costs in self.replicates]
+        fits.append(replace(bare, context_cost=other))
+        if self.every_cost is not None:
+            whole = replace(bare, static_w=self.every_cost[0], costs=self.every_cost[1])
+            fits += [whole, replace(whole, context_cost=other)]
+        return fits
 
     def as_dict(self) -> dict[str, Any]:
         def finite(v: float) -> float | None:
@@ -320,11 +328,11 @@ def fit_step_cost(
         )
     best.static_source, best.context_cost = source, context_cost
     # the band: the costs chosen and fitted again over resampled intervals (the choice is as
-    # uncertain as the fit), every cost's near ties, and the fit with every cost (the splits
-    # the meter could not tell from the one chosen)
+    # uncertain as the fit), their near ties, and the fit with every cost (the splits the
+    # meter could not tell from the one chosen)
     best.replicates = _bootstrap(problem, x) + _near_ties(problem, x, kept)
     if best is not whole:
-        best.replicates.append((whole.static_w, whole.costs))
+        best.every_cost = (whole.static_w, whole.costs)
     if best.held_out_error is None:
         best.notes.append(
             f"{n} meter intervals: too few to hold any out; the band takes twice the in-sample error"
