@@ -342,8 +342,9 @@ def fit_step_cost(
 
 def _bootstrap(problem: Problem, x: np.ndarray) -> list[tuple[float, np.ndarray]]:
     """The static power and costs chosen and fitted (:func:`_selected`) again over
-    :data:`REPLICATES` resamplings of the meter's intervals (the design ``x``) in stretches of :data:`STRETCH` (a moving-block bootstrap:
-    neighbouring intervals share steps and errors), seeded so a run's band is reproducible."""
+    :data:`REPLICATES` resamplings of the meter's intervals (the design ``x``) in stretches of
+    :data:`STRETCH` (a moving-block bootstrap: neighbouring intervals share steps and errors),
+    seeded so a run's band is reproducible."""
     usable = np.flatnonzero(problem.usable)
     if usable.size < FOLDS * MIN_FOLD_INTERVALS:
         return []
@@ -371,7 +372,8 @@ class _Subsets:
         self.scale = np.maximum(np.abs(a).max(axis=0), 1e-12)  # columns of very different units
         q, self.r = np.linalg.qr(a / self.scale)
         self.z = q.T @ b
-        self.rest = max(float(b @ b) - float(self.z @ self.z), 0.0)  # what no cost can explain
+        outside = b - q @ self.z  # what no cost can explain (b·b − z·z would cancel on a close fit)
+        self.rest = float(outside @ outside)
         self.n = rows.size
 
     def fit(self, mask: np.ndarray) -> tuple[float, np.ndarray, float]:
