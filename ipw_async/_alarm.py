@@ -6,8 +6,10 @@ late. A replayed trace or a paced arrival leaves when its timer fires, so that m
 its lateness (0.66-0.74 ms at p99 on an idle loop). One thread per process waits on a lock
 with a timeout (the kernel's timer, to microseconds) for the earliest due time of every waiter
 and wakes that waiter's loop through its thread-safe call, which cuts the loop's poll short
-(0.34-0.51 ms at p99, about the same CPU per wait). ``benchmarks/trace_replay.py`` measures
-both, and the lateness a replay gets.
+(0.34-0.51 ms at p99, about the same CPU per wait). The thread asks for real-time
+scheduling, as the sampler's does: on cores busy with the simulator an ordinary thread whose
+wait ended waited 1.3 ms at p99 for a core. ``benchmarks/trace_replay.py`` measures both, and
+the lateness a replay gets.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import threading
 
 from ._clock import NS, now_ns
+from ._realtime import ask_realtime
 
 
 class _Alarm:
@@ -30,6 +33,7 @@ class _Alarm:
         self._due: list[tuple[int, int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._order = itertools.count()  # ties fire in the order they were asked for
         self._thread: threading.Thread | None = None
+        self.scheduling = "not started"  # the thread's, once it runs (:func:`ask_realtime`)
 
     async def until(self, due_ns: int) -> None:
         """Return at ``due_ns`` on the run clock (never before it)."""
@@ -45,6 +49,7 @@ class _Alarm:
         await woken
 
     def _run(self) -> None:
+        self.scheduling = ask_realtime()
         with self._wake:
             while True:
                 if not self._due:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 
 import pytest
 
-from ipw_async._alarm import sleep_until
+from ipw_async._alarm import _Alarm, sleep_until
 from ipw_async._clock import now_ns
 from ipw_async._loop import run
 
@@ -86,3 +87,22 @@ def test_a_forked_process_gets_an_alarm_of_its_own() -> None:
     late = queue.get(timeout=10)  # the child's wait would hang on its parent's dead thread
     child.join(10)
     assert late >= 0 and child.exitcode == 0
+
+
+def test_an_alarm_refused_real_time_still_wakes_its_waiters_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(*_: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    alarm = _Alarm()  # a thread of its own, started at its first wait
+    assert alarm.scheduling == "not started"
+
+    async def main() -> int:
+        due = now_ns() + 3 * MS
+        await alarm.until(due)
+        return now_ns() - due
+
+    assert run(main()) >= 0
+    assert alarm.scheduling.startswith("normal (real-time refused: Operation not permitted")

@@ -23,11 +23,11 @@ from typing import Any
 from urllib.parse import urlencode
 
 from .._clock import now_ns
+from .._realtime import ask_realtime
 from ..clock_sync import OPEN_PINGS, ClockSync
 from .base import Meter, Reading, SourceInfo, SourceUnavailable, TelemetrySource
 from .cadence import CounterGrid
 from .http import ERRORS, KeptAlive, Unauthorized, check_status, endpoint
-from .sampler import ask_realtime
 
 PING_EVERY_S = 0.025  # round trips to the agent's clock, about this often, at random phase
 RECONNECT_S = 0.25  # after a stream broke: how long before trying again

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import sys
 import threading
@@ -17,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from .._clock import NS, now_ns
+from .._realtime import ask_realtime
 from ..stats import distribution
 from .base import Meter, Reading, SourceInfo, TelemetrySource, read_time, time_column, timed_read
 from .cadence import (
@@ -140,19 +140,6 @@ class _SwitchInterval:
 
 
 _switch_interval = _SwitchInterval()
-
-
-def ask_realtime() -> str:
-    """Ask for FIFO real-time scheduling of the calling thread, so that it runs the moment
-    its timer fires even with every core busy; returns the scheduling it has."""
-    if not hasattr(os, "sched_setscheduler"):
-        return "normal (this platform has no real-time scheduling)"
-    try:
-        priority = os.sched_param(os.sched_get_priority_min(os.SCHED_FIFO))
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_FIFO, priority)
-    except OSError as exc:
-        return f"normal (real-time refused: {exc.strerror}; it needs root or CAP_SYS_NICE)"
-    return "real-time"
 
 
 class Sampler:
