@@ -129,9 +129,10 @@ def main() -> None:
                     model = next((m["power_model"] for m in meters.values() if "power_model" in m), None)
                     if model:
                         costs = {k: round(v, 5) for k, v in model["costs"].items() if v}
+                        held = model.get("held_out_error")
                         print(
                             f"{'':28s} static {model['static_w']:.1f} W ({model['static_source']}), "
-                            f"R² {model['r2']:.2f}, held-out interval error {model['held_out_error']:.1%}, "
+                            f"R² {model['r2']:.2f}, held-out interval error {'—' if held is None else f'{held:.1%}'}, "
                             f"costs {json.dumps(costs)}; left out by the BIC: "
                             f"{', '.join(model.get('unsupported', [])) or 'none'}"
                         )
