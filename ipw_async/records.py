@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 import polars as pl
+import pyarrow as pa
 
 from ._clock import NS
 
@@ -217,10 +218,33 @@ def record_row(record: RequestRecord) -> dict[str, object]:
     return {name: get(record) for name, _, get in COLUMNS}
 
 
+# The same as Arrow writes it: large strings and lists rather than view types, which every
+# Arrow reader opens (rundir.files.to_arrow's level)
+RECORD_ARROW_SCHEMA: pa.Schema = (
+    pl.DataFrame(schema=RECORD_SCHEMA).to_arrow(compat_level=pl.CompatLevel.oldest()).schema
+)
+
+
+def records_table(records: list[RequestRecord]) -> pa.Table:
+    """Records as an Arrow table of :data:`RECORD_ARROW_SCHEMA`, built a column at a time.
+
+    The run's writer thread builds these while the event loop stamps tokens, and each C call
+    that converts Python values holds the GIL throughout: pyarrow converts a column in one
+    short call (about 0.1 ms for 32 records of 128 tokens), where polars' row-wise constructor
+    held it for about 2 ms, and the loop with it.
+    """
+    return pa.table(
+        [
+            pa.array([get(r) for r in records], type=arrow.type)
+            for (_, _, get), arrow in zip(COLUMNS, RECORD_ARROW_SCHEMA, strict=True)
+        ],
+        schema=RECORD_ARROW_SCHEMA,
+    )
+
+
 def records_frame(records: list[RequestRecord]) -> pl.DataFrame:
     """A typed polars frame of records, the schema of ``measured.arrow`` (``records.arrow`` before its energy columns)."""
-    rows = [tuple(get(r) for _, _, get in COLUMNS) for r in records]
-    return pl.DataFrame(rows, schema=RECORD_SCHEMA, orient="row")
+    return pl.from_arrow(records_table(records))  # type: ignore[return-value]
 
 
 def end_ns() -> pl.Expr:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
+import polars as pl
 import pytest
 
 from ipw_async._clock import now_ns
 from ipw_async.client import ClientConfig, ServerUnreachable, StreamingClient, list_models
-from ipw_async.records import ErrorType, RequestRecord, Status, record_row
+from ipw_async.records import RECORD_SCHEMA, ErrorType, RequestRecord, Status, record_row, records_frame
 from ipw_async.sim import SimulatorProcess
 from ipw_async.transport.scripted import Reply, ScriptedNetwork, chunk
 from ipw_async.workload.body import BodyDefaults, prompt_fields
@@ -65,6 +66,47 @@ async def test_metric_definitions_on_scripted_events() -> None:
     assert record.tpot_s == pytest.approx((0.085 - 0.040) / 2)
     assert record.answer == "Hello world!"
     assert record.finish_reason == "stop"
+
+
+def test_records_frame_holds_every_field_a_row_gives() -> None:
+    """The writer's column-at-a-time table holds what each record's row says, nulls,
+    empty streams, tool calls and enums included."""
+    streamed = RequestRecord(request_id=1, query_id="q1", dataset="d", prompt="p", sent_ns=10 * MS)
+    streamed.chunk_ns = [20 * MS, 25 * MS, 40 * MS]
+    streamed.chunk_tokens = [1, 2, 1]
+    streamed.chunk_server_ns = [19 * MS, None, 39 * MS]
+    streamed.first_token_ns, streamed.last_token_ns = 20 * MS, 40 * MS
+    streamed.tool_calls = [{"id": "c1", "name": "add", "arguments": None}]
+    streamed.reasoning, streamed.correct = "think", True
+    failed = RequestRecord(
+        request_id=2,
+        query_id="q2",
+        dataset="d",
+        prompt="p",
+        warmup=True,
+        status=Status.ERROR,
+        error_type=ErrorType.TIMEOUT,
+        error_message="no byte",
+    )
+    frame = records_frame(
+        [streamed, failed, RequestRecord(request_id=3, query_id="q3", dataset="d", prompt="")]
+    )
+    assert frame.schema == RECORD_SCHEMA
+    assert (
+        frame.to_dicts()
+        == pl.DataFrame(
+            [record_row(r) for r in (streamed, failed)] + [record_row(RequestRecord(3, "q3", "d", ""))],
+            schema=RECORD_SCHEMA,
+        ).to_dicts()
+    )
+    first = frame.row(0, named=True)
+    assert first["itl_s"] == pytest.approx([0.005, 0.015]) and first["chunk_server_ns"] == [
+        19 * MS,
+        None,
+        39 * MS,
+    ]
+    assert first["tool_calls"] == [{"id": "c1", "name": "add", "arguments": None}]
+    assert frame.row(1, named=True)["error_type"] == "timeout" and frame.row(2, named=True)["itl_s"] == []
 
 
 async def test_no_token_gives_null_ttft_not_zero() -> None:
