@@ -18,17 +18,20 @@
   clock) and event-loop lag here measure the harness's own stamping error.
 
 ``--dashboard`` adds the live dashboard (rendered to a null terminal) and ``--telemetry
-psutil`` the telemetry sampler's thread, to measure their cost: compare CPU µs/event with and
-without.
+psutil`` the telemetry sampler's thread (``auto``: a run's default sources), to measure their
+cost: compare CPU µs/event with and without. ``--own-core`` runs the whole runs against a
+simulator on the last core, the run on the others, as on a GPU host where the server does not
+take the client's cores; by default the run's own simulator shares every core with it.
 
     python benchmarks/client_overhead.py [--requests 2000] [--levels 64,256] [--step-ms 5]
-        [--loop-levels 128,1024] [--dashboard] [--telemetry none|psutil]
+        [--loop-levels 128,1024] [--dashboard] [--telemetry none|psutil|auto] [--own-core]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import tempfile
 import time
@@ -47,7 +50,7 @@ from ipw_async._loop import run as run_loop
 from ipw_async.client import ClientConfig, StreamingClient
 from ipw_async.harness import Display
 from ipw_async.records import RequestRecord
-from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
+from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess, simulator_apart
 from ipw_async.transport import ConnectionPool, PoolTransport
 from ipw_async.workload.body import BodyDefaults, prompt_fields
 
@@ -168,7 +171,12 @@ def stream_figures(result: RunResult) -> tuple[pl.DataFrame, int, np.ndarray]:
 
 
 def measure(
-    concurrency: int, requests: int, dashboard: bool, step_ms: float = 0.0, telemetry: str = "none"
+    concurrency: int,
+    requests: int,
+    dashboard: bool,
+    step_ms: float = 0.0,
+    telemetry: str = "none",
+    own_core: bool = False,
 ) -> dict[str, Any]:
     display: Display | None = None
     if dashboard:
@@ -177,21 +185,26 @@ def measure(
         from ipw_async.dashboard import Dashboard
 
         display = Dashboard(console=Console(file=io.StringIO(), force_terminal=True, width=120))
-    with tempfile.TemporaryDirectory() as tmp:
+    sim = SimConfig(
+        engine=EngineConfig(
+            zero_delay=step_ms == 0,
+            step_base_ms=step_ms,
+            step_per_seq_ms=0.0,
+            step_per_prefill_token_ms=0.0,
+            max_batch=max(256, concurrency),
+        )
+    )
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        # the run's own simulator shares every core; apart, it has the last one to itself
+        server: dict[str, Any] = {"sim": sim}
+        if own_core:
+            server = {"base_url": stack.enter_context(simulator_apart(sim)).base_url}
         config = stream_config(
             output_dir=Path(tmp) / "run",
             concurrency=concurrency,
             max_queries=requests,
             telemetry=telemetry,
-            sim=SimConfig(
-                engine=EngineConfig(
-                    zero_delay=step_ms == 0,
-                    step_base_ms=step_ms,
-                    step_per_seq_ms=0.0,
-                    step_per_prefill_token_ms=0.0,
-                    max_batch=max(256, concurrency),
-                )
-            ),
+            **server,
         )
         result = run_loop(run_benchmark(config, display))
     ok, events, delay_ms = stream_figures(result)
@@ -222,7 +235,16 @@ def main() -> None:
     parser.add_argument("--levels", default="64,256")
     parser.add_argument("--step-ms", type=float, default=5.0, help="engine step of the paced regime")
     parser.add_argument("--dashboard", action="store_true", help="run the live dashboard too")
-    parser.add_argument("--telemetry", default="none", help="telemetry sources to sample too (none, psutil)")
+    parser.add_argument(
+        "--telemetry",
+        default="none",
+        help="telemetry sources to sample too (none, psutil, auto: a run's default)",
+    )
+    parser.add_argument(
+        "--own-core",
+        action="store_true",
+        help="whole runs against a simulator on the last core, the run on the others, as on a GPU host (Linux)",
+    )
     parser.add_argument("--loop-levels", default="128,1024", help="streams for the client-loop comparison")
     args = parser.parse_args()
     print(
@@ -242,7 +264,8 @@ def main() -> None:
     print()
     print(
         f"2. whole runs: 128-token streams, {args.requests} requests, "
-        f"dashboard {'on' if args.dashboard else 'off'}, telemetry {args.telemetry}"
+        f"dashboard {'on' if args.dashboard else 'off'}, telemetry {args.telemetry}, "
+        f"{'the simulator on a core of its own' if args.own_core else 'every core shared with the simulator'}"
     )
     print(
         f"{'regime':<14} {'streams':>7} {'req/s':>8} {'events/s':>10} {'CPU µs/event':>13} {'CPU/wall':>9} "
@@ -252,7 +275,7 @@ def main() -> None:
     for step_ms in (0.0, args.step_ms):
         regime = "zero-delay" if step_ms == 0 else f"paced {step_ms:g} ms"
         for level in levels:
-            r = measure(level, args.requests, args.dashboard, step_ms, args.telemetry)
+            r = measure(level, args.requests, args.dashboard, step_ms, args.telemetry, args.own_core)
             # the run around the client: only comparable where the loop ran flat out too
             around = f"{r['cpu_us_per_event'] - loops[level]:.1f}" if step_ms == 0 else "—"
             reported = r["reported_us_per_event"]

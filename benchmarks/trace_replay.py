@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -44,7 +43,7 @@ from ipw_async import RunConfig, run_benchmark
 from ipw_async._alarm import sleep_until
 from ipw_async._clock import NS, now_ns
 from ipw_async._loop import run as run_loop
-from ipw_async.sim import SimConfig, SimulatorProcess
+from ipw_async.sim import SimConfig, simulator_apart
 from ipw_async.sim.physics import EngineConfig
 from ipw_async.workload.replay.formats import MOONCAKE_BLOCK_TOKENS
 
@@ -97,19 +96,8 @@ def simulator(own_core: bool) -> Iterator[str | None]:
     if not own_core:
         yield None
         return
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        raise SystemExit("--own-core needs at least 2 cores")
-    os.sched_setaffinity(0, {cores[-1]})  # the simulator's process inherits this
-    try:
-        sim = SimulatorProcess(SimConfig(engine=EngineConfig(prefix_cache=True))).start()
-    finally:
-        os.sched_setaffinity(0, set(cores[:-1]))
-    try:
+    with simulator_apart(SimConfig(engine=EngineConfig(prefix_cache=True))) as sim:
         yield sim.base_url
-    finally:
-        sim.stop()
-        os.sched_setaffinity(0, set(cores))
 
 
 def replay(trace: Path, speedup: float, out: Path, own_core: bool) -> pl.DataFrame:

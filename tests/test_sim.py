@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import random
 import statistics
 import time
@@ -13,7 +14,14 @@ import httpx
 import pytest
 
 from ipw_async._clock import NS, now_ns
-from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess, drawn_physics
+from ipw_async.sim import (
+    EngineConfig,
+    SimConfig,
+    SimulatorError,
+    SimulatorProcess,
+    drawn_physics,
+    simulator_apart,
+)
 from ipw_async.sim.device import Device
 from ipw_async.sim.engine import Engine, SimRequest
 from ipw_async.sim.physics import ABSENT, CLASSIC, EFFECTS, FIRST_LENGTH_BUCKET, MIN_CLOCK, effects_of
@@ -137,6 +145,20 @@ def test_prefix_cache_skips_the_prefill_of_a_prompt_seen_before() -> None:
 
 def test_without_prefix_cache_usage_reports_no_cached_tokens(sim: SimulatorProcess) -> None:
     assert "prompt_tokens_details" not in _usage(sim.base_url, "hello " * 100)
+
+
+def test_a_simulator_apart_keeps_to_its_core_and_this_process_to_the_others() -> None:
+    cores = os.sched_getaffinity(0)
+    if len(cores) < 2:
+        with pytest.raises(SimulatorError, match="at least 2 cores"), simulator_apart():
+            pass
+        return
+    last = max(cores)
+    with simulator_apart(SimConfig(engine=fast_engine())) as sim:
+        assert os.sched_getaffinity(sim._proc.pid) == {last}  # type: ignore[union-attr]
+        assert os.sched_getaffinity(0) == cores - {last}
+        assert httpx.get(f"{sim.root_url}/health", timeout=5).status_code == 200
+    assert os.sched_getaffinity(0) == cores
 
 
 def test_physics_drawn_from_a_seed() -> None:

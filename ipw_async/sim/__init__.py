@@ -3,7 +3,7 @@
 from .config import SIM_MODEL, SimConfig
 from .faults import FAULT_OUTCOMES, Faults
 from .physics import EngineConfig, drawn_physics
-from .process import SimulatorError, SimulatorProcess
+from .process import SimulatorError, SimulatorProcess, simulator_apart
 from .server import serve
 
 __all__ = [
@@ -16,4 +16,5 @@ __all__ = [
     "SimulatorProcess",
     "drawn_physics",
     "serve",
+    "simulator_apart",
 ]

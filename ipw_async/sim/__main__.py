@@ -20,7 +20,10 @@ def main() -> None:
     parser.add_argument(
         "--parent-pid", type=int, default=None, help="stop when this process is gone (even killed with -9)"
     )
+    parser.add_argument("--cpus", default=None, help="run on these CPU cores only, e.g. 3 or 2,3 (Linux)")
     args = parser.parse_args()
+    if args.cpus:
+        os.sched_setaffinity(0, {int(core) for core in args.cpus.split(",")})
     config = config_from_json(args.config_json)
 
     async def run() -> None:

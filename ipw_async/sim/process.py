@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Self
 
 import httpx
@@ -43,9 +44,18 @@ class SimulatorProcess(ChildServer):
     what = "the simulator"
     ready_prefix = READY_PREFIX
 
-    def __init__(self, config: SimConfig | None = None, host: str = "127.0.0.1", start_timeout: float = 30.0):
+    def __init__(
+        self,
+        config: SimConfig | None = None,
+        host: str = "127.0.0.1",
+        start_timeout: float = 30.0,
+        cpus: set[int] | None = None,
+    ):
         super().__init__(host, start_timeout)
         self.config = config or SimConfig()
+        # the cores it may run on (Linux), where a benchmark keeps it off the client's: on a
+        # GPU host the server does not take the client's cores
+        self.cpus = cpus
 
     @property
     def base_url(self) -> str:
@@ -62,6 +72,7 @@ class SimulatorProcess(ChildServer):
             config_to_json(self.config),
             "--parent-pid",
             str(os.getpid()),
+            *(["--cpus", ",".join(map(str, sorted(self.cpus)))] if self.cpus else []),
         ]
 
     def start(self) -> Self:
@@ -80,3 +91,18 @@ class SimulatorProcess(ChildServer):
         raise SimulatorError(
             f"the simulator at {self.root_url} did not become healthy in {self.start_timeout:.0f} s"
         )
+
+
+@contextlib.contextmanager
+def simulator_apart(config: SimConfig | None = None) -> Iterator[SimulatorProcess]:
+    """A simulator on this machine's last core and this process on the others until exit, to
+    measure a client as it runs on a GPU host, where the server does not take its cores (Linux)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SimulatorError("a simulator on a core of its own needs a machine of at least 2 cores")
+    with SimulatorProcess(config, cpus={cores[-1]}) as sim:
+        os.sched_setaffinity(0, set(cores[:-1]))
+        try:
+            yield sim
+        finally:
+            os.sched_setaffinity(0, set(cores))
