@@ -343,9 +343,11 @@ def _client_rows(table: Table, client: dict[str, Any]) -> None:
     and lag, and whether it was the limit."""
     if client.get("cpu_us_per_event") is None and client.get("process_cpu_us_per_event") is None:
         return
+    writer = client.get("writer_cpu_us_per_event")
+    written = f", of which writing files {writer:.1f} µs" if writer is not None else ""
     said = (
         f"{_num(client.get('cpu_us_per_event'), '.1f', ' µs')} CPU per event on its event loop "
-        f"({_num(client.get('process_cpu_us_per_event'), '.1f', ' µs')} the whole process), "
+        f"({_num(client.get('process_cpu_us_per_event'), '.1f', ' µs')} the whole process{written}), "
         f"{_num(client['events_per_s'], ',.0f')} "
         f"events/s, loop lag p99 {_num(client['loop_lag_p99_ms'], '.1f', ' ms')}"
     )

@@ -176,7 +176,7 @@ def client_stats(
     rows = measured(frame)
     window = window_s(rows)
     events = int(rows.get_column("chunk_count").sum()) if rows.height else 0
-    loop_s, cpu_s = harness.get("loop_cpu_s"), harness.get("cpu_s")
+    loop_s, cpu_s, writer_s = harness.get("loop_cpu_s"), harness.get("cpu_s"), harness.get("writer_cpu_s")
     share = harness.get("loop_share")
     processes = harness.get("processes") or 1
     lag_p99 = (harness.get("loop_lag_ms") or {}).get("p99")
@@ -196,6 +196,8 @@ def client_stats(
         "events_per_s": events / window if window and events else None,
         "cpu_us_per_event": loop_s / events * 1e6 if loop_s is not None and events else None,
         "process_cpu_us_per_event": cpu_s / events * 1e6 if cpu_s is not None and events else None,
+        # of that, writing the run's files (off the loop; where the run said)
+        "writer_cpu_us_per_event": writer_s / events * 1e6 if writer_s is not None and events else None,
         "loop_lag_p99_ms": lag_p99,
         "send_lateness_ms": distribution(late_ms),
         "burst_spread_ms": (burst.max() - burst.min()) / 1e6 if concurrency and burst.len() > 1 else None,  # type: ignore[operator]

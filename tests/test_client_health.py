@@ -12,6 +12,7 @@ import pytest
 
 from ipw_async import read_arrow, run_benchmark
 from ipw_async.harness.health import HarnessCpu
+from ipw_async.rundir.files import ThreadCpu, write_in_thread
 from ipw_async.sim import SimulatorProcess
 from ipw_async.stats import client_stats
 
@@ -32,6 +33,11 @@ async def test_every_run_says_how_its_client_did(tmp_path: Path, sim: SimulatorP
     assert client["cpu_us_per_event"] == pytest.approx(harness["loop_cpu_s"] / client["events"] * 1e6)
     assert client["process_cpu_us_per_event"] == pytest.approx(harness["cpu_s"] / client["events"] * 1e6)
     assert 0 < client["cpu_us_per_event"] < client["process_cpu_us_per_event"]
+    # writing the files is the process's too, off the loop: a part of what its other threads took
+    assert 0 <= harness["writer_cpu_s"] <= harness["cpu_s"] - harness["loop_cpu_s"]
+    assert client["writer_cpu_us_per_event"] == pytest.approx(
+        harness["writer_cpu_s"] / client["events"] * 1e6
+    )
     sampler = result.summary["telemetry"]["sampler"]
     assert sampler["cpu_s"] > 0 and 0 < sampler["cpu_share"] < 1  # its own thread, its own figure
     assert client["send_lateness_ms"]["count"] == records.height
@@ -59,22 +65,36 @@ def test_what_was_not_measured_is_null_not_zero() -> None:
     records = read_arrow(SHORT_RUN / "records.arrow")
     stats = client_stats(records, None, None)  # a run that died before it wrote how it ended
     assert stats["cpu_us_per_event"] is None and stats["loop_lag_p99_ms"] is None
-    assert stats["process_cpu_us_per_event"] is None
+    assert stats["process_cpu_us_per_event"] is None and stats["writer_cpu_us_per_event"] is None
     assert stats["burst_spread_ms"] is None and stats["event_loop"] is None
+
+
+def _burn(seconds: float) -> None:
+    start = time.thread_time()
+    while time.thread_time() - start < seconds:
+        pass
 
 
 def test_the_loops_own_cpu_leaves_the_other_threads_out() -> None:
     cpu = HarnessCpu()
-
-    def burn() -> None:
-        start = time.thread_time()
-        while time.thread_time() - start < 0.3:
-            pass
-
     with cpu.measuring():  # the caller's thread waits while another works
-        worker = threading.Thread(target=burn)
+        worker = threading.Thread(target=_burn, args=(0.3,))
         worker.start()
         worker.join()
     figures = cpu.summary()
     assert figures["cpu_s"] is not None and figures["loop_cpu_s"] is not None
     assert figures["cpu_s"] >= 0.3 and figures["loop_cpu_s"] < 0.05
+    assert figures["writer_cpu_s"] is None  # no files were open: not measured, not 0
+
+
+async def test_the_writers_cpu_is_its_threads_own_and_only_while_measuring() -> None:
+    cpu, writes = HarnessCpu(), ThreadCpu()
+    cpu.writer = writes
+    await write_in_thread(_burn, 0.1, cpu=writes)  # before the measured phase: not counted
+    with cpu.measuring():
+        await write_in_thread(_burn, 0.2, cpu=writes)
+        threading.Thread(target=_burn, args=(0.2,)).start()  # another thread's work is not the writer's
+    figures = cpu.summary()
+    assert writes.seconds >= 0.3
+    assert 0.2 <= figures["writer_cpu_s"] < 0.3  # type: ignore[operator]
+    assert figures["loop_cpu_s"] < 0.05  # type: ignore[operator]

@@ -13,6 +13,7 @@ import numpy as np
 import psutil
 
 from .._clock import now_ns
+from ..rundir.files import ThreadCpu
 
 
 class LoopLag:
@@ -39,17 +40,20 @@ class _CpuTimes:
     process_s: float  # this process, every thread, and the worker processes
     loop_s: float  # the event loops' own threads: this process's and each worker's main thread
     wall_s: float
+    writer_s: float | None  # the run's file writes, on the threads they ran on
 
 
 class HarnessCpu:
     """CPU time of the harness over the measured phase: the whole of this process and the
     worker processes it was told of, and apart from it the event loops' own threads, where the
-    client runs. Entered and left on the loop's thread (``time.thread_time`` is the caller's)."""
+    client runs, and the writes of the run's files (``writer``, once they are open). Entered
+    and left on the loop's thread (``time.thread_time`` is the caller's)."""
 
     def __init__(self) -> None:
         self._start: _CpuTimes | None = None
         self._stop: _CpuTimes | None = None
         self._workers: list[psutil.Process] = []
+        self.writer: ThreadCpu | None = None
 
     def track(self, pids: list[int]) -> None:
         self._workers = [psutil.Process(pid) for pid in pids]
@@ -63,7 +67,8 @@ class HarnessCpu:
                 # a worker's loop is its main thread, whose id on Linux is the process's
                 main = [t for t in proc.threads() if t.id == proc.pid]
                 loop += sum(t.user_time + t.system_time for t in main)
-        return _CpuTimes(process, loop, time.perf_counter())
+        writer = self.writer.seconds if self.writer is not None else None
+        return _CpuTimes(process, loop, time.perf_counter(), writer)
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[None]:
@@ -74,16 +79,20 @@ class HarnessCpu:
             self._stop = self._now()
 
     def summary(self) -> dict[str, float | None]:
-        if self._start is None or self._stop is None:
-            return dict.fromkeys(("cpu_s", "cpu_share", "loop_cpu_s", "loop_share"))
-        wall = self._stop.wall_s - self._start.wall_s
-        cpu = self._stop.process_s - self._start.process_s
-        loop = self._stop.loop_s - self._start.loop_s
+        start, stop = self._start, self._stop
+        if start is None or stop is None:
+            return dict.fromkeys(("cpu_s", "cpu_share", "loop_cpu_s", "loop_share", "writer_cpu_s"))
+        wall = stop.wall_s - start.wall_s
+        cpu = stop.process_s - start.process_s
+        loop = stop.loop_s - start.loop_s
         return {
             "cpu_s": cpu,
             "cpu_share": cpu / wall if wall > 0 else None,
             "loop_cpu_s": loop,
             "loop_share": loop / wall if wall > 0 else None,
+            "writer_cpu_s": None
+            if start.writer_s is None or stop.writer_s is None
+            else stop.writer_s - start.writer_s,
         }
 
 

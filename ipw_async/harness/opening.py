@@ -237,6 +237,7 @@ class RunOpening:
             first_request_id=0 if resume is None else resume.next_request_id,
             done_units=frozenset() if resume is None else resume.done_units,
         )
+        harness.cpu.writer = writer.cpu
         writer.follow(functools.partial(reports.progress, sampler, ledger, checks))
         writer.end(functools.partial(reports.ended, ending, checks, sampler, harness))
         await stack.enter_async_context(writer)

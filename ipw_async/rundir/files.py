@@ -9,12 +9,15 @@ the file in one ``write`` call, so a killed process leaves whole batches behind.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import os
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import polars as pl
@@ -22,6 +25,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ..records import RECORD_ARROW_SCHEMA, RequestRecord, records_table
+
+T = TypeVar("T")
 
 RUN = "run.json"
 MEASURED = "measured.arrow"  # the records as the run measured them, written as it goes and never rewritten
@@ -214,11 +219,31 @@ def read_arrow(path: str | Path, partial_ok: bool = False) -> pl.DataFrame:
 RECORDS_SCHEMA = RECORD_ARROW_SCHEMA
 
 
-async def write_in_thread(write: Callable[..., None], *args: Any) -> None:
-    """Run a blocking write in a worker thread and wait for it to end, even when the waiting
-    task is cancelled (the run ending): a write left running could land after the file's
-    end-of-stream marker, where no reader looks, and its rows would be silently lost."""
-    done = asyncio.ensure_future(anyio.to_thread.run_sync(write, *args))
+class ThreadCpu:
+    """The CPU time (s) that writes run off the event loop took, each measured on its own
+    thread: what writing the run's files cost, apart from the client's loop and the sampler."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+
+    def timed(self, write: Callable[..., T], *args: Any) -> T:
+        start = time.thread_time()
+        try:
+            return write(*args)
+        finally:
+            spent = time.thread_time() - start
+            with self._lock:
+                self.seconds += spent
+
+
+async def write_in_thread(write: Callable[..., None], *args: Any, cpu: ThreadCpu | None = None) -> None:
+    """Run a blocking write in a worker thread (its CPU time added to ``cpu``) and wait for it
+    to end, even when the waiting task is cancelled (the run ending): a write left running
+    could land after the file's end-of-stream marker, where no reader looks, and its rows would
+    be silently lost."""
+    call = functools.partial(cpu.timed, write) if cpu is not None else write
+    done = asyncio.ensure_future(anyio.to_thread.run_sync(call, *args))
     try:
         await asyncio.shield(done)
     except asyncio.CancelledError:
@@ -241,9 +266,16 @@ class RecordWriter:
     # each hold to about 0.1 ms (records_table), so the event loop is never locked out long.
     SLICE = 32
 
-    def __init__(self, path: Path, batch_size: int = 256, initial: pl.DataFrame | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        batch_size: int = 256,
+        initial: pl.DataFrame | None = None,
+        cpu: ThreadCpu | None = None,
+    ) -> None:
         self.path = path
         self.batch_size = batch_size
+        self.cpu = cpu
         kept = None if initial is None else to_arrow(initial)
         self._stream = StreamWriter(path, RECORDS_SCHEMA, kept)
         self._pending: list[RequestRecord] = []
@@ -266,7 +298,7 @@ class RecordWriter:
         async with self._lock:
             records, self._pending = self._pending, []
             if records:
-                await write_in_thread(self._write, records)
+                await write_in_thread(self._write, records, cpu=self.cpu)
 
     async def close(self) -> None:
         try:

@@ -92,11 +92,12 @@ class RunWriter:
         self._outcome: Callable[[], dict[str, Any]] | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
+        self.cpu = files.ThreadCpu()  # what writing the files cost, off the event loop
 
     async def __aenter__(self) -> RunWriter:
         records, telemetry = self._earlier
-        await anyio.to_thread.run_sync(self.manifest.write, self.run_dir)
-        self.records = files.RecordWriter(self.run_dir / files.MEASURED, initial=records)
+        await anyio.to_thread.run_sync(self.cpu.timed, self.manifest.write, self.run_dir)
+        self.records = files.RecordWriter(self.run_dir / files.MEASURED, initial=records, cpu=self.cpu)
         self.tasks = files.JsonLines(self.run_dir / files.TASKS)
         self.telemetry = (
             None
@@ -160,12 +161,12 @@ class RunWriter:
         logs, self._tasks = self._tasks, []
         if logs:
             with self._refused(self.tasks.path):
-                await files.write_in_thread(self._append_tasks, logs)
+                await files.write_in_thread(self._append_tasks, logs, cpu=self.cpu)
 
     async def _flush_telemetry(self) -> None:
         if self.telemetry is not None:
             with self._refused(self.telemetry.stream.path):
-                await files.write_in_thread(self.telemetry.flush)
+                await files.write_in_thread(self.telemetry.flush, cpu=self.cpu)
 
     def _append_tasks(self, logs: list[dict[str, Any]]) -> None:
         for log in logs:
@@ -175,7 +176,9 @@ class RunWriter:
         self._dirty = False
         # built on the loop, written off it: the loop should not wait on disk
         with self._refused(self.run_dir / files.RUN):
-            await anyio.to_thread.run_sync(files.write_json, self.run_dir / files.RUN, self.manifest.as_dict())
+            await anyio.to_thread.run_sync(
+                self.cpu.timed, files.write_json, self.run_dir / files.RUN, self.manifest.as_dict()
+            )
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
