@@ -133,7 +133,9 @@ def main() -> None:
                         print(
                             f"{'':28s} static {model['static_w']:.1f} W ({model['static_source']}), "
                             f"R² {model['r2']:.2f}, held-out interval error {'—' if held is None else f'{held:.1%}'}, "
-                            f"costs {json.dumps(costs)}; left out by the BIC: "
+                            f"costs {json.dumps(costs)} (each chosen in "
+                            f"{json.dumps({k: round(v, 2) for k, v in model.get('chosen_in', {}).items()})} "
+                            "of the resamplings they are the mean of); charged in none: "
                             f"{', '.join(model.get('unsupported', [])) or 'none'}"
                         )
                         graph = model.get("decode_graph") or {}

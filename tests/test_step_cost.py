@@ -243,7 +243,7 @@ def test_the_steps_rule_recovers_a_v2_truth_and_beats_token_work(
 
 
 @pytest.mark.parametrize(("per_step_j", "per_token_j"), [(2.2, 0.014), (0.5, 0.05)])
-def test_costs_the_meter_does_not_call_for_are_left_out_and_the_split_comes_closer(
+def test_costs_the_meter_does_not_call_for_are_rarely_charged_and_the_split_comes_closer(
     monkeypatch: pytest.MonkeyPatch, per_step_j: float, per_token_j: float
 ) -> None:
     # the device has a decode step's cost, a prompt's forward (0.3 J) and its tokens; a fit of
@@ -257,10 +257,13 @@ def test_costs_the_meter_does_not_call_for_are_left_out_and_the_split_comes_clos
         return {name for name, c in model["costs"].items() if c}, model
 
     chosen, section = attribute(tel, [GPU], recs, config)
-    used, model = fitted(section)
-    assert used <= has and model["unsupported"] and not used & set(model["unsupported"])
+    _, model = fitted(section)
+    # the costs charged are the mean of those chosen over the resamplings: one the device has
+    # not is chosen in few of them, and the prompt token, which every one chose, is the device's
+    lacks = {name: share for name, share in model["chosen_in"].items() if name not in has}
+    assert lacks and max(lacks.values()) <= 0.25 and model["chosen_in"]["per_prompt_token_j"] == 1.0
     assert model["costs"]["per_prompt_token_j"] == pytest.approx(per_token_j, rel=0.05)
-    assert "not called for by the meter's intervals" in " ".join(model["notes"])
+    assert "the mean of those chosen over 20 resamplings" in " ".join(model["notes"])
     monkeypatch.setattr(stepcost, "_selected", lambda problem, x, rows: stepcost._fit_rows(problem, x, rows))
     whole, section = attribute(tel, [GPU], recs, config)
     assert fitted(section)[0] - has  # every cost fitted: some the device has not
@@ -331,10 +334,12 @@ def test_too_few_intervals_fit_no_costs_and_the_band_says_it_is_unsure() -> None
 
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-# p95 of |error| against each real run's v2 reference, as this rule reached it (1.9 / 3.1 /
-# 8.8%), with room for float noise: a change that makes any real run worse fails here
-REACHED = {"h100-8b-graphs/c8": 0.02, "h100-8b-graphs/c128": 0.032, "h100-8b-graphs/pois": 0.09}
-# the band's median half-width there (5.6 / 9.2 / 14.1%): the bar is 15%
+# p95 of |error| against each real run's v2 reference, as this rule reached it (1.4 / 2.7 /
+# 9.1%), with room for float noise: a change that makes any real run worse fails here. (The
+# Poisson run's 8.8% before the costs were bagged rested on one step: read as after idle or
+# not, it flipped a prompt's forward in or out of the chosen costs, 8.8 or 10.4%.)
+REACHED = {"h100-8b-graphs/c8": 0.016, "h100-8b-graphs/c128": 0.029, "h100-8b-graphs/pois": 0.092}
+# the band's median half-width there (5.5 / 9.2 / 14.2%): the bar is 15%
 BAND = {"h100-8b-graphs/c8": 0.06, "h100-8b-graphs/c128": 0.095, "h100-8b-graphs/pois": 0.145}
 
 

@@ -182,7 +182,7 @@ def model_choice(cost: StepCost, model: PowerModel) -> dict[str, Any]:
     }
     if cost.r2 is None or model.r2 is None or n != model.intervals or n < MIN_INTERVALS:
         return out
-    k_costs = int(np.count_nonzero(cost.costs)) + (cost.static_source == "fitted")
+    k_costs = (cost.parameters or int(np.count_nonzero(cost.costs))) + (cost.static_source == "fitted")
     k_model = len(model.errors) + (cost.static_source == "fitted")
     rss = (max(1.0 - model.r2, 1e-12), max(1.0 - cost.r2, 1e-12))
     difference = n * float(np.log(rss[0] / rss[1])) + (k_model - k_costs) * float(np.log(n))
