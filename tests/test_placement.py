@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ipw_async.energy.placement import PromptQueue, TokenBudget, infer_budget
+from ipw_async.energy.steps import _busy_after
 
 
 def _queue(room: np.ndarray, first: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -72,3 +73,14 @@ def test_the_room_a_budget_leaves_is_less_the_decode_tokens_only_where_they_shar
     decode = np.array([0.0, 10.0, 3000.0])
     assert TokenBudget(2048, False, 1.0).room(decode).tolist() == [2048, 2048, 2048]
     assert TokenBudget(2048, True, 1.0).room(decode).tolist() == [2048, 2038, 0]
+
+
+def test_an_engine_with_a_prompt_waiting_is_busy_after_a_step_that_decoded_nothing() -> None:
+    # steps end every 10 ms; only step 3 decoded. A prompt sent at 5 ms ran in steps 0-2 (first
+    # token in 2): after steps 0 and 1 the engine went straight on, though neither decoded. One
+    # sent at 35 ms (first token in 4) waited through no step's end; one that never got a token
+    # (-1) tells nothing
+    end = np.array([10.0, 20.0, 30.0, 40.0, 50.0]) * 1e6
+    sent = np.array([5.0, 35.0, 1.0]) * 1e6
+    busy = _busy_after(end, np.array([3]), sent, np.array([2, 4, -1]))
+    assert busy.tolist() == [True, True, False, True, False]

@@ -153,9 +153,7 @@ def infer_steps(
     # An engine idle before a step started it no earlier than its first request arrived, and
     # how much later the server's own work (accepting, parsing, tokenizing: 100 ms for 256
     # connections at once on the simulator) the step-time fit says, in the placement below.
-    busy_before = np.zeros(n_steps, dtype=bool)
-    busy_before[np.asarray(step_idx, dtype=int)] = True
-    cold = ~np.concatenate(([False], busy_before[:-1]))
+    cold = ~np.concatenate(([False], _busy_after(end, step_idx, sent, first_step)[:-1]))
     for k in np.flatnonzero(cold):
         arrivals = sent[(first_step == k) & (sent < end[k])]
         if arrivals.size:  # the first step has no burst before it: only the typical guess
@@ -188,6 +186,27 @@ def infer_steps(
     steps.start = np.where(np.isfinite(arrived), np.clip(arrived, steps.start, steps.end), steps.start)
     steps.padded_rows, steps.padded_length, steps.graph = decode_graph(steps, sent, capture_sizes)
     return steps
+
+
+def _busy_after(
+    end: np.ndarray, decode_step: np.ndarray, sent: np.ndarray, first_step: np.ndarray
+) -> np.ndarray:
+    """Per step, whether the engine had work left when it ended: a request decoded in it, or one
+    had arrived that still awaited its first token (its prompt, or the rest of it, to run). A
+    step that only finished prompts has no decoders, yet the engine went straight on to the
+    prompts behind them; taking the next step for one after idle moved its start to what the
+    step-time fit says, and the prompt tokens it ran with it."""
+    busy = np.zeros(end.size + 1)
+    busy[np.asarray(decode_step, dtype=int)] = 1.0
+    # a request sent at s awaits its first token (step f) at the end of steps k, end[k] > s, k < f
+    waiting = first_step >= 0
+    lo = np.searchsorted(end, sent[waiting], side="right")
+    hi = first_step[waiting]
+    spans = lo < hi
+    pending = np.zeros(end.size + 1)
+    np.add.at(pending, lo[spans], 1.0)
+    np.add.at(pending, hi[spans], -1.0)
+    return (busy[:-1] > 0) | (np.cumsum(pending)[:-1] > 0)
 
 
 @dataclass
