@@ -318,6 +318,7 @@ def fit_step_cost(
     )
     whole = best if sample is problem else _fit_at(problem, per_step, best.lag_ms)
     x = _columns(problem, per_step, problem.design(whole.lag_ms))
+    every = (whole.static_w, whole.costs.copy())  # kept apart: the chosen fit may be this one, bagged below
     kept = _selected(problem, x, np.flatnonzero(usable))[1] > 0
     # refitted without the costs left out: its own held-out error
     best = whole if not ((whole.costs > 0) & ~kept).any() else _fit_at(problem, per_step * kept, whole.lag_ms)
@@ -334,14 +335,14 @@ def fit_step_cost(
     best.replicates = resampled + _near_ties(problem, x, kept)
     if resampled:
         _bag(best, problem, x, resampled)
-    if (unsupported := (whole.costs > 0) & (best.costs == 0)).any():
+    if (unsupported := (every[1] > 0) & (best.costs == 0)).any():
         best.unsupported = tuple(TERMS[j] for j in np.flatnonzero(unsupported))
         best.notes.append(
             f"{', '.join(best.unsupported)}: not called for by the meter's intervals (BIC) in any "
             "resampling, so not charged; the band spans the fit with them"
         )
-    if best is not whole or best.unsupported:
-        best.every_cost = (whole.static_w, whole.costs)
+    if best is not whole or resampled:
+        best.every_cost = every
     if best.held_out_error is None:
         best.notes.append(
             f"{n} meter intervals: too few to hold any out; the band takes twice the in-sample error"
