@@ -175,16 +175,16 @@ def model_choice(cost: StepCost, model: PowerModel) -> dict[str, Any]:
     n = cost.intervals
     out: dict[str, Any] = {
         "rule": "BIC over the meter's intervals: the power model where it explains them better",
-        "step_costs_r2": cost.r2,
+        "step_costs_r2": cost.family_r2,
         "power_model": model.name,
         "power_model_r2": model.r2,
         "chosen": "step costs",
     }
-    if cost.r2 is None or model.r2 is None or n != model.intervals or n < MIN_INTERVALS:
+    if cost.family_r2 is None or model.r2 is None or n != model.intervals or n < MIN_INTERVALS:
         return out
     k_costs = (cost.parameters or int(np.count_nonzero(cost.costs))) + (cost.static_source == "fitted")
     k_model = len(model.errors) + (cost.static_source == "fitted")
-    rss = (max(1.0 - model.r2, 1e-12), max(1.0 - cost.r2, 1e-12))
+    rss = (max(1.0 - model.r2, 1e-12), max(1.0 - cost.family_r2, 1e-12))
     difference = n * float(np.log(rss[0] / rss[1])) + (k_model - k_costs) * float(np.log(n))
     out["bic_difference"] = difference
     if difference >= -VERY_STRONG_BIC:
@@ -325,7 +325,7 @@ RIVAL_R2 = 0.05
 
 def rival(cost: StepCost, model: PowerModel) -> bool:
     """Whether ``model`` explains the meter about as well as the step costs kept over it."""
-    return cost.r2 is not None and model.r2 is not None and model.r2 >= cost.r2 - RIVAL_R2
+    return cost.family_r2 is not None and model.r2 is not None and model.r2 >= cost.family_r2 - RIVAL_R2
 
 
 def _models(

@@ -168,6 +168,9 @@ class StepCost:
     # costs the whole fit found that no resampling's choice kept (:func:`_bag`)
     unsupported: tuple[str, ...] = ()
     parameters: int = 0  # costs in the chosen set (:func:`_selected`): the model's size
+    # the chosen set's own R² (the bagged costs' is lower, as any mean of fits): how well step
+    # costs can explain the meter, for the choice between them and a power model
+    chosen_r2: float | None = None
     # per cost, the share of the resamplings whose choice kept it
     chosen_in: np.ndarray = field(default_factory=lambda: np.zeros(0))
     every_cost: tuple[float, np.ndarray] | None = None  # that whole fit's (static, costs), for the band
@@ -184,6 +187,11 @@ class StepCost:
         duration = np.maximum(steps.end - steps.start, 1.0) / 1e9
         seen = (seconds_seen @ sparse.diags(step / duration)).tocsr()
         return StepShares(seen, steps.req, steps.step, safe_div(entry, step[steps.step]))
+
+    @property
+    def family_r2(self) -> float | None:
+        """How well step costs explain the meter's intervals: the chosen set's fit."""
+        return self.chosen_r2 if self.chosen_r2 is not None else self.r2
 
     @property
     def band_error(self) -> float:
@@ -322,7 +330,7 @@ def fit_step_cost(
     kept = _selected(problem, x, np.flatnonzero(usable))[1] > 0
     # refitted without the costs left out: its own held-out error
     best = whole if not ((whole.costs > 0) & ~kept).any() else _fit_at(problem, per_step * kept, whole.lag_ms)
-    best.parameters = int(np.count_nonzero(best.costs))
+    best.parameters, best.chosen_r2 = int(np.count_nonzero(best.costs)), best.r2
     if sample is not problem:
         best.notes.append(
             f"meter lag chosen over the {sample.energy.size} meter intervals mid-run, then fitted to all {n}"
