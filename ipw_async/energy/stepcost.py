@@ -53,6 +53,10 @@ REPLICATES = 20  # the band's bootstrap refits of the costs
 # on Kass and Raftery's scale, as the choice between step costs and a power model asks)
 NEAR_TIE_BIC = 10.0
 STRETCH = 10  # meter intervals resampled together: a second at NVML's 100 ms
+# Fewer stretches than this and a resampling can miss a whole regime of the run (its prompts,
+# its drain): of 20 resamplings of a 49-interval simulated run, 8 priced a prompt token at a
+# fifth of the others, and their mean with them. The costs charged are then the chosen set's.
+BAGGED_STRETCHES = 20
 MIN_FOLD_INTERVALS = 6
 MIN_INTERVALS = 8  # fewer usable intervals than this fit nothing: costs by token work alone
 
@@ -341,7 +345,7 @@ def fit_step_cost(
     # meter could not tell from the one chosen)
     resampled = _bootstrap(problem, x)
     best.replicates = resampled + _near_ties(problem, x, kept)
-    if resampled:
+    if resampled and int(usable.sum()) >= BAGGED_STRETCHES * STRETCH:
         _bag(best, problem, x, resampled)
     if (unsupported := (every[1] > 0) & (best.costs == 0)).any():
         best.unsupported = tuple(TERMS[j] for j in np.flatnonzero(unsupported))
