@@ -92,8 +92,10 @@ async def test_the_writers_cpu_is_its_threads_own_and_only_while_measuring() -> 
     cpu.writer = writes
     await write_in_thread(_burn, 0.1, cpu=writes)  # before the measured phase: not counted
     with cpu.measuring():
+        other = threading.Thread(target=_burn, args=(0.2,))  # another thread's work is not the writer's
+        other.start()
         await write_in_thread(_burn, 0.2, cpu=writes)
-        threading.Thread(target=_burn, args=(0.2,)).start()  # another thread's work is not the writer's
+        other.join()
     figures = cpu.summary()
     assert writes.seconds >= 0.3
     assert 0.2 <= figures["writer_cpu_s"] < 0.3  # type: ignore[operator]
