@@ -31,6 +31,19 @@ def test_synthetic_lengths_are_seeded_lognormal() -> None:
     assert {q.max_tokens for q in fixed.queries} == {20}
 
 
+def test_synthetic_prompts_are_the_words_a_per_prompt_draw_gives() -> None:
+    """A seed names the same prompts in every version: the words are drawn for all prompts at
+    once, and they are the ones drawing each prompt's words in turn gave."""
+    from ipw_async.workload.datasets import WORDS
+
+    rng = np.random.default_rng(11)
+    lengths = np.maximum(1, np.round(rng.lognormal(np.log(300), 0.8, 50))).astype(int)
+    rng.lognormal(np.log(60), 0.8, 50)  # the output lengths, drawn next
+    words = np.array(WORDS)
+    each = [" ".join(rng.choice(words, size=int(n * 4 / 4.5) + 1)) for n in lengths]
+    assert [q.prompt for q in synthetic(50, 300, 60, 0.8, seed=11).queries] == each
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet", ".arrow"])
 def test_files_load_through_polars(tmp_path: Path, suffix: str) -> None:
     frame = pl.DataFrame({"question": ["2+2?", "capital of France?"], "gold": ["4", "Paris"]})
