@@ -203,3 +203,29 @@ async def test_a_run_stops_once_its_means_are_known_to_the_precision_asked(tmp_p
     assert live["estimates"]["tpot"]["relative"] <= 0.02 and live["estimates"]["e2e"]["relative"] <= 0.05
     final = summary["precision"]["metrics"]
     assert final["tpot"]["target"] == 0.02 and math.isfinite(final["tpot"]["relative"])
+
+
+def test_the_watch_reads_each_finished_request_as_its_record_defines_it() -> None:
+    """The live watch's latencies are the record's own ttft_s, tpot_s and e2e_latency_s (a
+    stream with one token has no TPOT), however many requests it has heard before a look."""
+    from ipw_async.harness.watch import RunWatch
+    from ipw_async.records import RequestRecord, Status
+    from ipw_async.telemetry import TelemetryLog
+
+    watch = RunWatch(0, "flag", {}, [], TelemetryLog([]), print, print, print)
+    records = []
+    for i in range(1500):
+        r = RequestRecord(i, f"q{i}", "d", "p", sent_ns=i * 1000, first_token_ns=i * 1000 + 5_000_000)
+        tokens = 1 + i % 7
+        r.last_token_ns = r.first_token_ns + (tokens - 1) * 2_000_000
+        r.chunk_ns, r.chunk_tokens = [r.first_token_ns] * tokens, [1] * tokens
+        r.status = Status.OK
+        watch.request_ended(r)
+        records.append(r)
+        if i == 600:
+            assert len(watch.done.rows) == 601  # a look between ends sees every one so far
+    done = watch.done.rows
+    nan = float("nan")
+    expect = [[r.ttft_s, nan if r.tpot_s is None else r.tpot_s, r.e2e_latency_s] for r in records]
+    assert np.allclose(done[:, 1:4], expect, equal_nan=True)
+    assert np.isnan(done[0, 2]) and done[:, 4].tolist() == [float(r.output_tokens) for r in records]
