@@ -110,13 +110,15 @@ def finalized(run: Path, workdir: Path, rule: str | None) -> tuple[pl.DataFrame,
     """A copy of ``run``'s directory finalized with ``rule`` (None: the rule the run recorded,
     ``fitted`` for these runs, the default before ``steps``): its records and summary."""
     from ipw_async import finalize
+    from ipw_async.energy.stepcost import DEFAULT_CONTEXT_COST
 
     copy = workdir / f"{run.parent.name}-{run.name}-{rule or 'default'}"
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(run / "run", copy)
     for path in copy.rglob("*"):
         path.chmod(0o644 if path.is_file() else 0o755)
-    result = finalize(copy, attribution=rule)
+    # the runs predate --context-cost and would keep the reading they had: today's default instead
+    result = finalize(copy, attribution=rule, context_cost=DEFAULT_CONTEXT_COST)
     return result.records, result.summary
 
 

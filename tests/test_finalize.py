@@ -286,18 +286,15 @@ def test_finalize_says_how_a_step_s_context_is_shared_and_refuses_what_it_does_n
         tmp_path / "context",
         "--context-cost",
         "padded",
-        "own",
+        "shared",
         "'padded' is not one of 'shared', 'own'",
     )
-    assert before["context_cost"] == "shared"
+    before_model = before["meters"]["sim"]["power_model"]
     model = after["meters"]["sim"]["power_model"]
     # a padded graph's rows and attention length are the step's whatever each request reads
-    assert after["context_cost"] == "own" and model["shared_equally"] == [
-        "per_decode_step_j",
-        "per_decode_second_w",
-        "per_padded_row_j",
-        "per_padded_row_ktoken_j",
-    ]
+    padded = ["per_decode_step_j", "per_decode_second_w", "per_padded_row_j", "per_padded_row_ktoken_j"]
+    assert before["context_cost"] == "own" and before_model["shared_equally"] == padded
+    assert after["context_cost"] == "shared" and model["shared_equally"] == [*padded, "per_context_ktoken_j"]
     assert abs(after["meters"]["sim"]["conservation_error"]) < 1e-9
 
 

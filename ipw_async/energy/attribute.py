@@ -32,7 +32,14 @@ from .model import PowerModel
 from .padding import AUTO, CaptureSizes, parse_capture_sizes
 from .problem import Problem, design
 from .split import Segments, StepShares, Timeline, equal_segments, safe_div
-from .stepcost import CONTEXT_COSTS, MIN_INTERVALS, NEAR_TIE_BIC, StepCost, fit_step_cost
+from .stepcost import (
+    CONTEXT_COSTS,
+    DEFAULT_CONTEXT_COST,
+    MIN_INTERVALS,
+    NEAR_TIE_BIC,
+    StepCost,
+    fit_step_cost,
+)
 from .steps import Steps, estimated_prompts
 from .work import Work, step_shares
 
@@ -48,7 +55,7 @@ class AttributionConfig:
     rule: str = "steps"
     prefill_weight: float = DEFAULT_PREFILL_WEIGHT
     power_model: str = "auto"  # the fitted rule's effects: chosen by the run, or given (fit.parse_effects)
-    context_cost: str = "shared"  # the steps rule's context reads: shared by a step's decoders, or own
+    context_cost: str = DEFAULT_CONTEXT_COST  # the steps rule's context reads: each request's own, or shared by its step's decoders
     capture_sizes: str = AUTO  # the batch sizes decode graphs pad to (padding.parse_capture_sizes)
     baseline_w: float | None = None  # given idle power for accelerator meters
     baseline_window_ns: tuple[int, int] | None = None  # measure idle power over this window

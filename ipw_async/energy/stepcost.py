@@ -40,12 +40,16 @@ from .problem import LAGS_MS, Problem
 from .split import StepShares, safe_div
 from .steps import Steps
 
-# How a decode step's context reads are shared: equally by its decoders where the engine pads
-# attention to the batch's longest context (CUDA graphs over attention-length buckets, as the
-# H100 server of the real traces does), each request's own where it reads only its own KV cache
-# (paged attention). The meter cannot tell them apart (the step's total is the same), nor could
-# its step times there (fits of Σ context and decoders × longest context differ by < 1% RMS).
+# How a decode step's context reads are shared: each request's own where it reads only its own
+# KV cache (paged attention, as vLLM runs it: the default), or equally by its decoders. The
+# meter cannot tell them apart (the step's total is the same). Attention padded to the batch's
+# longest context (CUDA graphs over attention-length buckets, as the H100 server of the real
+# traces runs it) is priced apart, per padded row × thousand positions, and shared under both:
+# its cost is the step's whatever each request reads. Shared, the context read stood in for a
+# curve's by-work context part too (simulated draws 21006, 21011, 22000: 15.7 / 12.9 / 15.4%
+# at p95, own 9.9 / 8.0 / 12.3%, the real traces alike within 0.01 points).
 CONTEXT_COSTS = ("shared", "own")
+DEFAULT_CONTEXT_COST = "own"
 FOLDS = 4
 REPLICATES = 20  # the band's bootstrap refits of the costs
 # A fit without one of the costs joins the band unless the whole fit explains the meter's
@@ -119,7 +123,7 @@ COSTS = (
 TERMS = tuple(cost.name for cost in COSTS)
 
 
-def entry_features(steps: Steps, context_cost: str = "shared") -> np.ndarray:
+def entry_features(steps: Steps, context_cost: str = DEFAULT_CONTEXT_COST) -> np.ndarray:
     """Per (request, step) entry, its units of every cost (an entry × cost matrix). A cost
     shared under ``context_cost`` gives the step's units in equal parts to its decoding
     entries: a column's sum over a step is the step's units either way."""
@@ -165,7 +169,7 @@ class StepCost:
     intervals: int = 0
     notes: list[str] = field(default_factory=list)
     lag_ms: float = 0.0  # the meter's lag behind the device the fit chose
-    context_cost: str = "shared"  # how a step's context reads are shared (CONTEXT_COSTS)
+    context_cost: str = DEFAULT_CONTEXT_COST  # how a step's context reads are shared (CONTEXT_COSTS)
     replicates: list[tuple[float, np.ndarray]] = field(default_factory=list)  # (static, costs) bootstrapped
     # how the fit's error falls over windows of meter intervals (:func:`_decay`): lengths, factors
     decay: tuple[np.ndarray, np.ndarray] | None = None
@@ -297,7 +301,7 @@ def _standard_errors(x: np.ndarray, residuals: np.ndarray) -> np.ndarray:
 
 
 def fit_step_cost(
-    problem: Problem, features: np.ndarray, static_source: str, context_cost: str = "shared"
+    problem: Problem, features: np.ndarray, static_source: str, context_cost: str = DEFAULT_CONTEXT_COST
 ) -> StepCost:
     """The costs the meter's intervals support (``problem.static_w``: static power where the run
     measured or was given it; fitted beside the costs where it is None), with the meter's lag

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .._options import option
 from ..energy import RULES
-from ..energy.stepcost import CONTEXT_COSTS
+from ..energy.stepcost import CONTEXT_COSTS, DEFAULT_CONTEXT_COST
 from ..sim import SimConfig
 from .kept import kept_as, urls_kept
 from .panels import ENERGY, OUTPUT, TELEMETRY
@@ -136,11 +136,12 @@ class MeasureOptions:
         ),
     )
     context_cost: str = field(
-        default="shared",
+        default=DEFAULT_CONTEXT_COST,
         metadata=option(
-            "The steps rule's cost of the context a decode step reads: shared (equally by the step's "
-            "decoders, as where CUDA graphs pad attention to the batch's longest context) or own "
-            "(each request's own reads, as paged attention without padding does).",
+            "The steps rule's cost of the context a decode step reads: own (each request's own "
+            "reads, as paged attention does; attention padded to the batch's longest context is "
+            "priced apart, per padded row and position, and shared) or shared (equally by the "
+            "step's decoders, the context read too).",
             panel=ENERGY,
             choices=CONTEXT_COSTS,
         ),
