@@ -16,8 +16,9 @@ interval error, and the decode graphs' padding it chose
 
 **The static the reference assumed.** The shipped reference fits each run's static power beside
 two scale factors. Where the load rises and falls with time that static is barely identified:
-on the H100's Poisson run a fitted 98 W and the measured idle 125.5 W explain the counter's
-intervals about equally (R² 0.815 and 0.812), yet move the reference by 6.6% at p95. Where a
+on the H100's Poisson run a fitted 99.5 W (98.2 W in the shipped reference) and the measured
+idle 125.5 W explain the counter's intervals about equally (R² 0.815 and 0.812), yet move the
+reference by 6.6% at p95 (the set's README). Where a
 set has the server's step log (``steps.json``) and the probe (``physics.json``), the default
 rule is also scored against the reference rebuilt here at both statics: the one fitted (which
 shows how closely the rebuild reproduces ``reference_v2.csv``) and the rule's own, the run's
@@ -155,7 +156,9 @@ class Probe:
             ]
         )
         prefill = np.linalg.lstsq(x, np.array([above_idle(r) for r in chunks]), rcond=None)[0]
-        return cls(tuple(map(float, decode)), tuple(map(float, prefill)))  # type: ignore[arg-type]
+        a, b, c = (float(v) for v in decode)
+        f, g, h = (float(v) for v in prefill)
+        return cls((a, b, c), (f, g, h))
 
 
 @dataclass(frozen=True)
