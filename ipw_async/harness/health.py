@@ -23,7 +23,7 @@ class LoopLag:
         self.period_s = period_s
         self.lags_ms: list[float] = []
 
-    async def watch(self) -> None:
+    async def measure(self) -> None:
         """Measure until cancelled."""
         while True:
             start = now_ns()

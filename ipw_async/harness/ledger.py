@@ -115,7 +115,7 @@ class RunLedger:
 
     async def kept(self, record: RequestRecord) -> None:
         self.state.finished(record)
-        self._watch(record)
+        self._stop_on_refused_connections(record)
         if self.watch is not None and not record.warmup:
             self.watch.request_ended(record)
         if self.writer.add(record):
@@ -136,7 +136,7 @@ class RunLedger:
         """No new unit starts: the run has what its own rule asked for (not an abort)."""
         self.stopped = self.stopped or reason
 
-    def _watch(self, record: RequestRecord) -> None:
+    def _stop_on_refused_connections(self, record: RequestRecord) -> None:
         if record.error_type is ErrorType.CONNECT:
             self._connect_errors += 1
             if self._connect_errors >= self.abort_after:

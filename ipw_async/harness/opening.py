@@ -295,7 +295,7 @@ class RunOpening:
         # measured phase began, it put the tick there 80–90 ms late and skipped one)
         self.stack.enter_context(gc_frozen())
         tasks.start(sampler.run())
-        tasks.start(lag.watch())
+        tasks.start(lag.measure())
         tasks.start(mirror(state, sampler, lag))
         if self.display is not None:
             tasks.start(self.display.run(state))

@@ -88,7 +88,7 @@ class Sender:
         self._thread.join(timeout)
 
 
-def _watch(
+def _call_on_message(
     loop: asyncio.AbstractEventLoop, conn: Connection, callback: Callable[..., None], *args: object
 ) -> None:
     """Call ``callback`` when ``conn`` has a message. uvloop's add_reader makes the descriptor
@@ -136,7 +136,7 @@ async def _serve(setup: WorkerSetup, conn: Connection) -> None:
         except EOFError:  # the coordinator is gone
             closing.set()
 
-    _watch(loop, conn, on_command)
+    _call_on_message(loop, conn, on_command)
     workload = contextlib.AsyncExitStack()  # open from before Ready until the worker closes
     try:
         try:
@@ -204,7 +204,7 @@ class WorkerPool:
             self._conns.append(ours)
             self._senders.append(Sender(ours))
             self._load.append(0)
-            _watch(loop, ours, self._on_message, index)
+            _call_on_message(loop, ours, self._on_message, index)
         self._consumer = loop.create_task(self._consume())
         ready = loop.create_task(self._ready_event.wait())
         died = loop.create_task(self._died_event.wait())

@@ -250,9 +250,9 @@ class Connection(asyncio.Protocol):
         self._t = self.clock()
         self.transport.write(request)  # type: ignore[union-attr]
         if self.read_timeout_s is not None and self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.read_timeout_s, self._watch)
+            self._timer = asyncio.get_running_loop().call_later(self.read_timeout_s, self._check_read_timeout)
 
-    def _watch(self) -> None:
+    def _check_read_timeout(self) -> None:
         """The read timeout, httpx's meaning: no byte for ``read_timeout_s``. One timer per
         connection, moved on only when it fires, rather than one per read."""
         self._timer = None
@@ -263,7 +263,7 @@ class Connection(asyncio.Protocol):
             self._abort(httpx.ReadTimeout(f"no byte from the server for {self.read_timeout_s:g} s"))
         else:
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self.read_timeout_s - quiet_s, self._watch)
+            self._timer = loop.call_later(self.read_timeout_s - quiet_s, self._check_read_timeout)
 
     def close(self) -> None:
         if self._timer is not None:
