@@ -22,7 +22,9 @@ reference by 6.6% at p95 (the set's README). Where a
 set has the server's step log (``steps.json``) and the probe (``physics.json``), the default
 rule is also scored against the reference rebuilt here at both statics: the one fitted (which
 shows how closely the rebuild reproduces ``reference_v2.csv``) and the rule's own, the run's
-measured idle. The rebuild follows the set's README:
+measured idle. The rebuild follows the set's README, and on purpose none of ipw-async's own
+readings (its virtual counter, its slot replay): a reference that shared the tool's reading of
+the counter would share its errors too.
 
 1. the step log and a replay of the server's slot allocation (first free slot) give each
    decode step's padded batch (the power of two above its highest busy slot) and attention
