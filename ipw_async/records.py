@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
@@ -233,13 +234,28 @@ def records_table(records: list[RequestRecord]) -> pa.Table:
     short call (about 0.1 ms for 32 records of 128 tokens), where polars' row-wise constructor
     held it for about 2 ms, and the loop with it.
     """
-    return pa.table(
-        [
-            pa.array([get(r) for r in records], type=arrow.type)
-            for (_, _, get), arrow in zip(COLUMNS, RECORD_ARROW_SCHEMA, strict=True)
-        ],
-        schema=RECORD_ARROW_SCHEMA,
-    )
+    columns = {
+        name: pa.array([get(r) for r in records], type=arrow.type)
+        for (name, _, get), arrow in zip(COLUMNS, RECORD_ARROW_SCHEMA, strict=True)
+        if name != "itl_s"
+    }
+    columns["itl_s"] = _intervals(columns["chunk_ns"])
+    return pa.table([columns[field.name] for field in RECORD_ARROW_SCHEMA], schema=RECORD_ARROW_SCHEMA)
+
+
+def _intervals(chunk_ns: pa.LargeListArray) -> pa.LargeListArray:
+    """Each record's inter-token latencies (s) from its chunk stamps, as :attr:`RequestRecord.itl_s`
+    gives them, in a few array operations: built in Python, a float a token, they were a quarter
+    of what a batch of records cost to build (1.0 against 0.78 ms for 32 records of 128 tokens)."""
+    offsets = chunk_ns.offsets.to_numpy()
+    stamps = chunk_ns.values.to_numpy()
+    counts = np.maximum(np.diff(offsets) - 1, 0)
+    within = np.ones(max(stamps.size - 1, 0), dtype=bool)
+    starts = offsets[1:-1]
+    within[np.unique(starts[(starts > 0) & (starts < stamps.size)]) - 1] = False  # one list to the next
+    gaps = np.diff(stamps)[within] / NS
+    itl_offsets = np.concatenate(([0], np.cumsum(counts)))
+    return pa.LargeListArray.from_arrays(pa.array(itl_offsets, pa.int64()), pa.array(gaps, pa.float64()))
 
 
 def records_frame(records: list[RequestRecord]) -> pl.DataFrame:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ipw_async._clock import now_ns
 from ipw_async.client import ClientConfig, ServerUnreachable, StreamingClient, list_models
@@ -107,6 +110,18 @@ def test_records_frame_holds_every_field_a_row_gives() -> None:
     ]
     assert first["tool_calls"] == [{"id": "c1", "name": "add", "arguments": None}]
     assert frame.row(1, named=True)["error_type"] == "timeout" and frame.row(2, named=True)["itl_s"] == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 10**6), max_size=5), max_size=6))
+def test_inter_token_latencies_in_a_batch_are_each_records_own(gaps: list[list[int]]) -> None:
+    # built for the whole batch at once: each record's must still be its own (a record of one
+    # token or none has none, and none spans two records)
+    records = [
+        RequestRecord(i, f"q{i}", "d", "", chunk_ns=list(itertools.accumulate(g, initial=i * MS))[1:])
+        for i, g in enumerate(gaps)
+    ]
+    assert records_frame(records).get_column("itl_s").to_list() == [r.itl_s for r in records]
 
 
 async def test_no_token_gives_null_ttft_not_zero() -> None:
