@@ -23,7 +23,7 @@ from ipw_async.energy.steps import step_starts
 from ipw_async.energy.work import Work
 from ipw_async.records import RequestRecord, records_frame
 from ipw_async.rundir import RunDir
-from ipw_async.telemetry.base import Meter
+from ipw_async.telemetry.base import Meter, Quantity
 from ipw_async.telemetry.cadence import CounterGrid
 
 from .conftest import quick_config
@@ -116,6 +116,41 @@ def test_power_only_meter_is_integrated() -> None:
     out, section = attribute(tel, [POWER], records([(200, 240, 20)]), AttributionConfig())
     assert section["meters"]["dev"]["total_j"] == pytest.approx(150.0, rel=1e-9)
     assert out.get_column("dev.provenance")[0] == "integrated"
+
+
+def test_a_power_the_device_averaged_over_a_second_is_seen_a_window_later() -> None:
+    # NVML's average power field: each reading is the mean of the last second. Two requests one
+    # after the other, alone on the device, each at 200 W above a 100 W idle: read as instant
+    # power, the first one's second spills into the second's window and past it
+    def device_w(t_ms: np.ndarray) -> np.ndarray:
+        busy = ((t_ms >= 1000) & (t_ms < 2000)) | ((t_ms >= 2040) & (t_ms < 2540))
+        return np.where(busy, 300.0, 100.0)
+
+    fine = np.arange(0.0, 5001.0)
+    joules = np.concatenate(([0.0], np.cumsum(device_w(fine[:-1]) / 1000)))
+    t = np.arange(1000, 4001, 50, dtype=float)
+    averaged = np.interp(t, fine, joules) - np.interp(t - 1000, fine, joules)
+    recs = records([(995, 1000, 100), (2035, 2040, 50)])
+    spans = zip((995, 2035), recs.get_column("closed_ns").to_numpy() / MS, strict=True)
+    truth = np.array([np.interp(b, fine, joules) - np.interp(a, fine, joules) for a, b in spans])
+    config = AttributionConfig(baseline_w=100.0)
+    errors = {}
+    for quantity in (Quantity.AVG_POWER_W, Quantity.POWER_W):
+        tel = pl.DataFrame(
+            {
+                "t_ns": (t * MS).astype(np.int64),
+                "dev.t_ns": (t * MS).astype(np.int64),
+                f"dev.{quantity}": averaged,
+            }
+        )
+        meter = Meter("dev", "power", accelerator=True, power_quantity=quantity, source="dev")
+        out, section = attribute(tel, [meter], recs, config)
+        errors[quantity] = np.abs(out.get_column("energy_j").to_numpy() / truth - 1)
+        assert section["meters"]["dev"].get("power_averaged_over_s") == (
+            1.0 if quantity == Quantity.AVG_POWER_W else None
+        )
+    assert errors[Quantity.AVG_POWER_W].max() < 0.03
+    assert errors[Quantity.POWER_W].max() > 0.2  # the same readings taken for instant power
 
 
 def test_gap_in_telemetry_is_imputed_and_says_so() -> None:
@@ -316,7 +351,7 @@ schedules = st.lists(
 @given(
     windows=schedules,
     rule=st.sampled_from(["steps", "tokens", "fitted", "equal"]),
-    kind=st.sampled_from(["counter", "power"]),
+    kind=st.sampled_from(["counter", "power", "averaged power"]),
     baseline=st.sampled_from([None, 40.0]),
     seed=st.integers(0, 1000),
 )
@@ -329,6 +364,9 @@ def test_energy_is_conserved_over_random_schedules(
     energy = np.concatenate(([0.0], np.cumsum(power[1:] * np.diff(t) / 1000)))
     tel = telemetry(t, energy=energy) if kind == "counter" else telemetry(t, power=power)
     meter = COUNTER if kind == "counter" else POWER
+    if kind == "averaged power":  # each step's energy placed a second later, past the meter's end
+        tel = tel.rename({"dev.power_w": "dev.avg_power_w"})
+        meter = replace(POWER, power_quantity=Quantity.AVG_POWER_W)
     recs = records([(s, s + d, n) for s, d, n in windows])
     out, section = attribute(tel, [meter], recs, AttributionConfig(rule=rule, baseline_w=baseline))
     m = section["meters"]["dev"]

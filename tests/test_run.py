@@ -19,9 +19,9 @@ import pytest
 from ipw_async import QueryTrace, RunError, read_arrow, run_benchmark
 from ipw_async.records import RequestRecord
 from ipw_async.rundir.files import PartialFileError, RecordWriter
-from ipw_async.sim import SimulatorProcess
+from ipw_async.sim import SimConfig, SimulatorProcess
 
-from .conftest import quick_config
+from .conftest import fast_engine, quick_config
 
 
 async def test_embedded_run_writes_a_complete_run_directory(tmp_path: Path) -> None:
@@ -51,6 +51,22 @@ async def test_embedded_run_writes_a_complete_run_directory(tmp_path: Path) -> N
     assert len(traces) == 34 and all(len(t.turns) == 1 for t in traces)
     assert traces[5].turns[0].request_id == 5
     assert (run_dir / "telemetry.arrow").exists()
+
+
+async def test_a_device_that_averages_its_power_is_read_a_window_past_the_last_request(
+    tmp_path: Path,
+) -> None:
+    # its readings show the last step's energy only a second after it: the run reads on that
+    # long (its tail is 0.2 s), and the summary says how the power was averaged
+    engine = fast_engine(telemetry="avg-power")
+    result = await run_benchmark(
+        quick_config(tmp_path, max_queries=12, sim=SimConfig(engine=engine, output_median=16))
+    )
+    last_closed = result.records.get_column("closed_ns").max()
+    read_until = pl.read_ipc_stream(tmp_path / "run" / "telemetry.arrow").get_column("sim.t_ns").max()
+    assert read_until - last_closed >= 1.0e9
+    meter = result.summary["energy"]["meters"]["sim"]
+    assert meter["kind"] == "power" and meter["power_averaged_over_s"] == 1.0
 
 
 @pytest.mark.timing

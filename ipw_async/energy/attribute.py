@@ -251,7 +251,7 @@ def split_with_known(
     vc = covering(virtual_counter(telemetry, meter, config.gap_factor, config.session_starts_ns), sent, end)
     if vc is None or not requests.height:
         return np.full(requests.height, np.nan)
-    seen = design(vc.t, steps, model.lag_ms)
+    seen = design(vc.t, steps, model.lag_ms, vc.window_ns)
     shares = step_shares(steps, model, seen) if exact is None else exact(seen)
     split = Split(None, model.static_at, True, shares)
     return _apply(Timeline(vc, equal_segments(sent, end), [], requests.height), split)[0]
@@ -419,6 +419,9 @@ def attribute_meter(
             "span_s": float((vc.t[-1] - vc.t[0]) / NS),
             **counter_timing(meter),
             **_distrusted(meter),
+            # the device averaged the power integrated over this long: each step's energy was
+            # placed that much later, as the meter saw it
+            **({"power_averaged_over_s": vc.window_ns / NS} if vc.window_ns else {}),
         },
     )
 

@@ -1,7 +1,8 @@
 """A meter as a virtual counter: cumulative energy E(t) at knots, whatever the meter gives.
 
 A cumulative counter is re-timed to when each value was made (its learned update grid, else
-the midpoint between reads); a power-only meter is integrated by the trapezoid rule. Resumed
+the midpoint between reads); a power-only meter is integrated by the trapezoid rule (a power the
+device averaged over a window reaches it that much later: the counter keeps the window). Resumed
 sessions count nothing across their gap, and a counter is extended (imputed, at its mean
 power) over requests its data does not reach.
 """
@@ -25,6 +26,9 @@ class VirtualCounter:
     t: np.ndarray  # ns since run start, strictly increasing
     e: np.ndarray  # joules, non-decreasing
     imputed: np.ndarray  # per knot interval: True where the energy was imputed
+    # the device averaged the power it reported over this long (ns): a step's energy reaches
+    # the counter spread evenly over the window after it (0: as it was drawn)
+    window_ns: float = 0.0
 
     @property
     def energies(self) -> np.ndarray:
@@ -107,6 +111,7 @@ def virtual_counter(
     At each of ``breaks`` (where a resumed session began) the time since the previous session's
     last reading counts no energy: the run was not running, and a new process's counter (the
     simulator's) may have started again from zero."""
+    window = 0.0
     if meter.kind == "counter" and meter.energy_column in telemetry.columns:
         read = series(telemetry, meter.time_column, meter.energy_column)
         if read is None:
@@ -118,6 +123,7 @@ def virtual_counter(
             return None
         kt, p = read
         ke = np.concatenate(([0.0], np.cumsum((p[1:] + p[:-1]) / 2.0 * np.diff(kt) / NS)))
+        window = meter.window_ns
     else:
         return None
     keep = np.concatenate(([True], np.diff(kt) > 0))
@@ -128,7 +134,7 @@ def virtual_counter(
             ke[i:] += ke[i - 1] - ke[i]
     if kt.size < 2:
         return None
-    return VirtualCounter(kt, ke, _gap_mask(kt, gap_factor))
+    return VirtualCounter(kt, ke, _gap_mask(kt, gap_factor), window)
 
 
 def extend_counter(vc: VirtualCounter, start: float, end: float) -> VirtualCounter:
@@ -143,7 +149,7 @@ def extend_counter(vc: VirtualCounter, start: float, end: float) -> VirtualCount
         t = np.append(t, end)
         e = np.append(e, e[-1] + rate * (end - t[-2]))
         imp = np.append(imp, True)
-    return VirtualCounter(t, e, imp)
+    return VirtualCounter(t, e, imp, vc.window_ns)
 
 
 def covering(vc: VirtualCounter | None, sent: np.ndarray, end: np.ndarray) -> VirtualCounter | None:

@@ -59,7 +59,7 @@ class Problem:
     def design(self, lag_ms: float) -> sparse.csr_matrix:
         """Seconds of each step's power the meter sees in each of its intervals."""
         if lag_ms not in self._designs:
-            self._designs[lag_ms] = design(self.counter.t, self.steps, lag_ms)
+            self._designs[lag_ms] = design(self.counter.t, self.steps, lag_ms, self.counter.window_ns)
         return self._designs[lag_ms]
 
     def drift(self, tau_s: float | None) -> Drift:
@@ -84,10 +84,14 @@ class Problem:
         first = (self.energy.size - intervals) // 2
         last = first + intervals
         vc = self.counter
-        counter = VirtualCounter(vc.t[first : last + 1], vc.e[first : last + 1], vc.imputed[first:last])
+        counter = VirtualCounter(
+            vc.t[first : last + 1], vc.e[first : last + 1], vc.imputed[first:last], vc.window_ns
+        )
         s = self.steps
-        # the steps whose power the meter may see in the window (a lag spills up to 4 × 110 ms)
-        inside = np.flatnonzero((s.end >= vc.t[first] - 4 * max(LAGS_MS) * 1e6) & (s.start <= vc.t[last]))
+        # the steps whose power the meter may see in the window (a lag spills up to 4 × 110 ms,
+        # an averaging window as long again as it is)
+        reach = 4 * max(LAGS_MS) * 1e6 + vc.window_ns
+        inside = np.flatnonzero((s.end >= vc.t[first] - reach) & (s.start <= vc.t[last]))
         one = np.arange(inside.size)
         decode, context, prefill, position = (f[inside] for f in self.features)
         steps = Steps(s.start[inside], s.end[inside], decode, prefill, np.zeros_like(one), one, decode, prefill, context, position)
@@ -125,10 +129,11 @@ def _overlaps(knots: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np
     return j[ok], span[ok], overlap[ok]
 
 
-def design(knots: np.ndarray, steps: Steps, lag_ms: float) -> sparse.csr_matrix:
+def design(knots: np.ndarray, steps: Steps, lag_ms: float, window_ns: float = 0.0) -> sparse.csr_matrix:
     """Seconds of each step's power a meter read at ``knots`` sees in each of its intervals,
-    where it trails the device by a first-order lag of ``lag_ms``: a knots × steps matrix."""
-    which, start, end, share = metered(steps.start, steps.end, lag_ms)
+    where it trails the device by a first-order lag of ``lag_ms`` and reads its power averaged
+    over ``window_ns``: a knots × steps matrix."""
+    which, start, end, share = metered(steps.start, steps.end, lag_ms, window_ns)
     j, part, overlap = _overlaps(knots, start, end)
     duration = (steps.end - steps.start)[which[part]]
     seconds = overlap * share[part] * duration / np.maximum(end - start, 1.0)[part] / NS

@@ -27,6 +27,10 @@ from .ledger import Abort, RunLedger
 from .resume import Resume
 from .watch import RunWatch
 
+# Telemetry kept past a meter's averaging window after the last request: a sampler's period
+# and more, so the window's last reading is in the log
+TAIL_PAST_WINDOW_S = 0.2
+
 
 class CallSource(Protocol):
     """Load that comes from outside the run (a recording proxy's callers) instead of the load
@@ -146,7 +150,9 @@ class LiveRun:
                 await drive(steady, units, self._execute, rng)
         await self._measured(t0, rng)
         self.state.phase = Phase.FINISHING
-        await asyncio.sleep(config.tail_s if has_telemetry else 0)
+        # a meter that averages power shows the last step's energy only a window later
+        window_s = max((m.window_ns / NS for m in self.sampler.meters), default=0.0)
+        await asyncio.sleep(max(config.tail_s, window_s + TAIL_PAST_WINDOW_S) if has_telemetry else 0)
 
     async def _execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
         """Perform a unit unless the run stopped sending since it was drawn: a timed unit is

@@ -34,6 +34,11 @@ class Quantity(StrEnum):
     THROTTLE_REASONS = "throttle_reasons"
 
 
+# NVML's averaged power (NVML_FI_DEV_POWER_AVERAGE, and nvmlDeviceGetPowerUsage on Ampere and
+# newer but GA100) is "averaged over 1 sec"; the simulator's avg-power device averages alike
+AVERAGE_WINDOW_NS = 1e9
+
+
 def time_column(source: str) -> str:
     """The column of a source's reading times (ns since run start)."""
     return f"{source}.t_ns"
@@ -66,6 +71,13 @@ class Meter:
     @property
     def power_column(self) -> str:
         return f"{self.channel}.{self.power_quantity}"
+
+    @property
+    def window_ns(self) -> float:
+        """How long the device averaged the power this meter integrates (0: instant power, or
+        a counter's energy): a step's energy reaches it spread over that long after the step."""
+        averaged = self.kind == "power" and self.power_quantity == Quantity.AVG_POWER_W
+        return AVERAGE_WINDOW_NS if averaged else 0.0
 
     @property
     def temperature_column(self) -> str:
