@@ -1,7 +1,8 @@
 """How close each attribution rule comes to the simulator's true per-query energy.
 
-For each case (concurrency × device counter period, plus a power-only device that forces
-integration and a device with telemetry dropouts that forces imputation) this runs the
+For each case (concurrency × device counter period, plus a device that reports only its power
+averaged over a second, which forces integration, and a power-only device with telemetry
+dropouts, which forces imputation) this runs the
 simulator under load, then attributes the same telemetry with every rule and compares with
 the energy the simulated device knows each request used:
 
