@@ -54,6 +54,7 @@ class FakeGpu:
     clock_reasons: int | None = 0x4  # nvmlClocksEventReasonSwPowerCap
     failing: set[str] = field(default_factory=set)  # queries that fail transiently now
     processes: list[int] = field(default_factory=list)  # PIDs computing on it
+    architecture: int | None = None  # NVML_DEVICE_ARCH_*; None: this pynvml cannot tell
 
     def query(self, what: str, value: int | None) -> int:
         if what in self.failing:
@@ -74,6 +75,9 @@ class FakeNvml:
     NVML_CLOCK_MEM = 2
     NVML_FI_DEV_POWER_AVERAGE = 185
     NVML_FI_DEV_POWER_INSTANT = 186
+    NVML_DEVICE_ARCH_AMPERE = 7
+    NVML_DEVICE_ARCH_HOPPER = 9
+    NVML_DEVICE_ARCH_UNKNOWN = 0xFFFFFFFF
 
     def __init__(self, gpus: list[FakeGpu], init_error: str | None = None) -> None:
         self.gpus = gpus
@@ -108,6 +112,9 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, h: FakeGpu) -> int:
         return h.query("power", h.power_mw)
+
+    def nvmlDeviceGetArchitecture(self, h: FakeGpu) -> int:
+        return h.query("architecture", h.architecture)
 
     def nvmlDeviceGetFieldValues(self, h: FakeGpu, ids: list[int]) -> list[SimpleNamespace]:
         h.query("fields", 0)
@@ -257,6 +264,29 @@ def test_nvml_falls_back_to_power_usage_without_power_fields() -> None:
     info = source.open()
     assert "gpu0.avg_power_w" not in info.columns
     assert source.read().values["gpu0.power_w"] == 300.0
+
+
+@pytest.mark.parametrize(
+    ("name", "architecture", "averaged"),
+    [
+        ("NVIDIA H100 80GB HBM3", FakeNvml.NVML_DEVICE_ARCH_HOPPER, True),
+        ("NVIDIA A100-SXM4-80GB", FakeNvml.NVML_DEVICE_ARCH_AMPERE, False),  # GA100: instant
+        ("Tesla V100-SXM2-16GB", 5, False),
+        ("NVIDIA H100 80GB HBM3", FakeNvml.NVML_DEVICE_ARCH_UNKNOWN, False),
+    ],
+)
+def test_power_usage_is_read_as_the_average_it_is_on_ampere_and_newer(
+    name: str, architecture: int, averaged: bool
+) -> None:
+    # without the power fields and the counter, the meter integrates nvmlDeviceGetPowerUsage:
+    # NVML documents it as the last second's average on Ampere and newer, GA100 aside, and an
+    # average reaches the meter a window late
+    gpu = FakeGpu("GPU-aaa", name=name, energy_mj=None, fields={}, architecture=architecture)
+    source, _ = nvml_source(gpu)
+    info = source.open()
+    column = "gpu0.avg_power_w" if averaged else "gpu0.power_w"
+    assert source.read().values[column] == 300.0
+    assert [m.window_ns for m in info.meters] == [1e9 if averaged else 0.0]
 
 
 def test_nvml_transient_read_error_gives_none_not_zero() -> None:

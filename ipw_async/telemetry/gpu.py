@@ -145,7 +145,13 @@ class GpuLibrarySource(CountedSource):
             if kind is None:
                 caveats.append(f"no power reading on {channel}")
                 continue
-            meters.append(Meter(channel=channel, kind=kind, accelerator=True))
+            # a GPU that gives only the power it averaged is integrated a window late
+            averaged = (
+                f"{channel}.{Quantity.POWER_W}" not in columns
+                and f"{channel}.{Quantity.AVG_POWER_W}" in columns
+            )
+            quantity = Quantity.AVG_POWER_W if averaged else Quantity.POWER_W
+            meters.append(Meter(channel=channel, kind=kind, accelerator=True, power_quantity=quantity))
             if kind == "power":
                 caveats.append(f"no energy counter on {channel}, power integrated")
         names = Counter(g.name for g in self._selected)

@@ -23,6 +23,7 @@ _MIB = 1 << 20  # memory in MiB, the unit nvidia-smi reports
 # Errors that mean "this GPU or driver cannot do that query at all", so its column is dropped;
 # any other error at open() is taken as transient and the column is kept.
 _UNSUPPORTED_ERRORS = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound")
+_GA100 = ("A100", "A30")  # the Ampere chip whose nvmlDeviceGetPowerUsage is still instant
 
 # nvmlValue_t union member for each NVML_VALUE_TYPE_* (0..6).
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
@@ -188,7 +189,10 @@ class NvmlSource(GpuLibrarySource):
         has_power = instant_field
         if not instant_field and supported(power_usage):
             has_power = True
-            gpu.queries.append((f"{channel}.{Quantity.POWER_W}", power_usage))
+            if not _usage_averaged(nvml, h, gpu.name, self._error):
+                gpu.queries.append((f"{channel}.{Quantity.POWER_W}", power_usage))
+            elif (averaged := f"{channel}.{Quantity.AVG_POWER_W}") not in gpu.field_columns:
+                gpu.queries.append((averaged, power_usage))
         # covariates of power, where this pynvml has the calls (none reads in read_counters)
         covariates: list[tuple[Quantity, Callable[[], float]]] = []
         if hasattr(nvml, "nvmlDeviceGetClockInfo"):
@@ -206,6 +210,21 @@ class NvmlSource(GpuLibrarySource):
         if has_energy:
             return "counter"
         return "power" if has_power else None
+
+
+def _usage_averaged(nvml: ModuleType, h: Any, name: str, error: type[Exception]) -> bool:
+    """Whether nvmlDeviceGetPowerUsage is the last second's average rather than instant power:
+    on Ampere and newer, GA100 (A100, A30) aside, as NVML documents it. Unknown: instant."""
+    architecture = getattr(nvml, "nvmlDeviceGetArchitecture", None)
+    ampere = getattr(nvml, "NVML_DEVICE_ARCH_AMPERE", None)
+    unknown = getattr(nvml, "NVML_DEVICE_ARCH_UNKNOWN", None)
+    if architecture is None or ampere is None:
+        return False
+    try:
+        arch = architecture(h)
+    except error:
+        return False
+    return arch != unknown and arch >= ampere and not any(chip in name for chip in _GA100)
 
 
 def _field_watts(fv: Any, success: int) -> float | None:
