@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -133,9 +134,8 @@ def test_a_power_the_device_averaged_over_a_second_is_seen_a_window_later() -> N
     recs = records([(995, 1000, 100), (2035, 2040, 50)])
     spans = zip((995, 2035), recs.get_column("closed_ns").to_numpy() / MS, strict=True)
     truth = np.array([np.interp(b, fine, joules) - np.interp(a, fine, joules) for a, b in spans])
-    config = AttributionConfig(baseline_w=100.0)
     errors = {}
-    for quantity in (Quantity.AVG_POWER_W, Quantity.POWER_W):
+    for quantity, rule in itertools.product((Quantity.AVG_POWER_W, Quantity.POWER_W), ("steps", "tokens")):
         tel = pl.DataFrame(
             {
                 "t_ns": (t * MS).astype(np.int64),
@@ -144,13 +144,14 @@ def test_a_power_the_device_averaged_over_a_second_is_seen_a_window_later() -> N
             }
         )
         meter = Meter("dev", "power", accelerator=True, power_quantity=quantity, source="dev")
-        out, section = attribute(tel, [meter], recs, config)
-        errors[quantity] = np.abs(out.get_column("energy_j").to_numpy() / truth - 1)
+        out, section = attribute(tel, [meter], recs, AttributionConfig(rule=rule, baseline_w=100.0))
+        errors[quantity, rule] = np.abs(out.get_column("energy_j").to_numpy() / truth - 1)
         assert section["meters"]["dev"].get("power_averaged_over_s") == (
             1.0 if quantity == Quantity.AVG_POWER_W else None
         )
-    assert errors[Quantity.AVG_POWER_W].max() < 0.03
-    assert errors[Quantity.POWER_W].max() > 0.2  # the same readings taken for instant power
+    for rule in ("steps", "tokens"):
+        assert errors[Quantity.AVG_POWER_W, rule].max() < 0.04
+        assert errors[Quantity.POWER_W, rule].max() > 0.2  # the same readings taken for instant power
 
 
 def test_gap_in_telemetry_is_imputed_and_says_so() -> None:

@@ -112,6 +112,7 @@ class _Inputs:
     model: PowerModel | None
     step_cost: StepCost | None
     designs: Callable[[float], sparse.csr_matrix]  # the meter's design at a lag (ms)
+    window_ns: float = 0.0  # how long the device averaged the power the meter integrates
 
     def model_split(self, model: PowerModel) -> Split:
         shares = step_shares(self.work.steps, model, self.designs(model.lag_ms))
@@ -148,7 +149,8 @@ def _fitted(inputs: _Inputs) -> Split:
 
 
 def _tokens(inputs: _Inputs) -> Split:
-    return Split(inputs.work.placed.weighted(inputs.prefill_weight), inputs.baseline, True)
+    weights = inputs.work.placed.weighted(inputs.prefill_weight).averaged(inputs.window_ns)
+    return Split(weights, inputs.baseline, True)
 
 
 def _equal(inputs: _Inputs) -> Split:
@@ -379,6 +381,7 @@ def attribute_meter(
         model,
         cost,
         problem.design,
+        vc.window_ns,
     )
     window = np.interp(end, vc.t, vc.e) - np.interp(sent, vc.t, vc.e)
     if rule is None:

@@ -18,6 +18,7 @@ from scipy.optimize import nnls
 
 from .._clock import NS
 from .counter import VirtualCounter
+from .lag import metered
 
 
 @dataclass
@@ -36,6 +37,14 @@ class Segments:
         if self.prefill is None:
             return self
         return Segments(self.req, self.start, self.end, self.density + prefill_weight * self.prefill)
+
+    def averaged(self, window_ns: float) -> Segments:
+        """The weights as a meter that reads power averaged over ``window_ns`` sees them:
+        each spread evenly over the window after it (itself where there is no window)."""
+        if not window_ns:
+            return self
+        which, start, end, share = metered(self.start, self.end, 0.0, window_ns)
+        return Segments(self.req[which], start, end, self.density[which] * share)
 
 
 def equal_segments(sent: np.ndarray, end: np.ndarray) -> Segments:
