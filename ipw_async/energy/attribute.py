@@ -114,6 +114,12 @@ class _Inputs:
     designs: Callable[[float], sparse.csr_matrix]  # the meter's design at a lag (ms)
     window_ns: float = 0.0  # how long the device averaged the power the meter integrates
 
+    @cached_property
+    def placed(self) -> Segments:
+        """The requests' work as the meter sees it: where its power was averaged over a
+        window, spread over the window after it."""
+        return self.work.placed.averaged(self.window_ns)
+
     def model_split(self, model: PowerModel) -> Split:
         shares = step_shares(self.work.steps, model, self.designs(model.lag_ms))
         return Split(None, model.static_at, True, shares)
@@ -149,8 +155,7 @@ def _fitted(inputs: _Inputs) -> Split:
 
 
 def _tokens(inputs: _Inputs) -> Split:
-    weights = inputs.work.placed.weighted(inputs.prefill_weight).averaged(inputs.window_ns)
-    return Split(weights, inputs.baseline, True)
+    return Split(inputs.placed.weighted(inputs.prefill_weight), inputs.baseline, True)
 
 
 def _equal(inputs: _Inputs) -> Split:
@@ -475,12 +480,12 @@ def _cost_estimate(
     move. (Token work at the run's weight alone left it holding the reference for 83% of a
     real H100 Poisson run's requests, which the prompt-token cost the run fitted undercharges
     at 2,047 tokens; a request's split is not monotonic in the weight, so the run's stays.)"""
-    timeline = Timeline(vc, inputs.active, [inputs.work.placed], inputs.requests.height)
+    timeline = Timeline(vc, inputs.active, [inputs.placed], inputs.requests.height)
     energy, imputed_part, idle, pooled_idle = _apply(timeline, rule(inputs))
     seen = inputs.designs(cost.lag_ms)
     others = [_energy(timeline, step_cost_split(c, inputs.work, seen)) for c in cost.alternatives()]
     others += [_energy(timeline, inputs.model_split(m)) for m in alike]
-    placed = inputs.work.placed
+    placed = inputs.placed
     weights = (BAND_PREFILL_WEIGHTS[0], inputs.prefill_weight, BAND_PREFILL_WEIGHTS[1])
     others += [_energy(timeline, Split(placed.weighted(w), cost.static_w, True)) for w in weights]
     low, high = cost_band(timeline, [energy, *others], cost.window_error)
@@ -502,13 +507,13 @@ def _model_estimate(
     # one cut of the meter for every split: sorting the edges is most of the work at scale
     cuts = [s.segments for s in (chosen, *splits) if s.segments is not None]
     work = inputs.work
-    timeline = Timeline(vc, inputs.active, [*cuts, work.last_step, work.placed], inputs.requests.height)
+    timeline = Timeline(vc, inputs.active, [*cuts, work.last_step, inputs.placed], inputs.requests.height)
     energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
     others = [_energy(timeline, split) for split in splits]
     # no power model, no model error; one not held out widens the band by what it did measure
     error = 0.0 if model is None else interval_error(model.held_out_error, model.in_sample_error)
     low, high = band(
-        timeline, [work.last_step, work.placed], [energy, *others], inputs.baseline, chosen.pooled, error
+        timeline, [work.last_step, inputs.placed], [energy, *others], inputs.baseline, chosen.pooled, error
     )
     return timeline, energy, imputed_part, idle, pooled_idle, low, high
 

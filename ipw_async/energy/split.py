@@ -44,7 +44,8 @@ class Segments:
         if not window_ns:
             return self
         which, start, end, share = metered(self.start, self.end, 0.0, window_ns)
-        return Segments(self.req[which], start, end, self.density[which] * share)
+        prefill = None if self.prefill is None else self.prefill[which] * share
+        return Segments(self.req[which], start, end, self.density[which] * share, prefill)
 
 
 def equal_segments(sent: np.ndarray, end: np.ndarray) -> Segments:
@@ -179,11 +180,13 @@ class Timeline:
         d_rule, ia_r, ib_r = self.density(seg_rule)
         working = d_rule > 0
         idle_iv = self.d_eq <= 0
-        moved = np.zeros_like(working)
+        # work seen while no request was on the server (a meter that averages power shows it a
+        # window late) takes that piece's energy above static from idle
+        moved = idle_iv & working
         if pooled:
             work_per_knot = np.bincount(self.knot_of, weights=d_rule * dt, minlength=self.knots)
             if static_w.any():
-                moved = idle_iv & (work_per_knot > 0)[self.knot_of]
+                moved |= idle_iv & (work_per_knot > 0)[self.knot_of]
             energy_per_knot = np.bincount(
                 self.knot_of, weights=np.where(working | moved, dynamic, 0.0), minlength=self.knots
             )
