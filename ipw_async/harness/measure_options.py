@@ -214,6 +214,8 @@ class MeasureOptions:
             panel=OUTPUT,
         ),
     )
-    tail_s: float = 0.5  # telemetry kept after the last request, so its energy is covered
+    # telemetry kept after the last request, so its energy is covered (a window more where a
+    # meter reads power its device averaged over one)
+    tail_s: float = 0.5
     abort_after_connect_errors: int = 16
     sim: SimConfig = field(default_factory=SimConfig)
