@@ -16,7 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipw_async import finalize, run_benchmark
-from ipw_async.energy import AttributionConfig, attribute, counter_knots, request_windows, split_with_known
+from ipw_async.energy import (
+    AttributionConfig,
+    attribute,
+    counter_knots,
+    lag,
+    request_windows,
+    split_with_known,
+)
 from ipw_async.energy.counter import VirtualCounter
 from ipw_async.energy.model import PowerModel
 from ipw_async.energy.split import Segments, Timeline
@@ -152,6 +159,20 @@ def test_a_power_the_device_averaged_over_a_second_is_seen_a_window_later() -> N
     for rule in ("steps", "tokens"):
         assert errors[Quantity.AVG_POWER_W, rule].max() < 0.04
         assert errors[Quantity.POWER_W, rule].max() > 0.2  # the same readings taken for instant power
+
+
+@pytest.mark.parametrize("copies", [None, 1])
+def test_an_averaged_step_reaches_the_meter_evenly_over_the_window_after_it(
+    copies: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if copies is not None:  # a run too long for a copy every 50 ms: one, at the window's middle
+        monkeypatch.setattr(lag, "MAX_COPIES", copies)
+    start, end = np.array([0.0, 2e9]), np.array([10e6, 2.03e9])
+    which, a, b, share = lag.metered(start, end, 0.0, 1e9)
+    assert np.bincount(which, weights=share).tolist() == pytest.approx([1.0, 1.0])
+    centre = np.bincount(which, weights=share * (a + b) / 2)
+    assert centre.tolist() == pytest.approx(((start + end) / 2 + 0.5e9).tolist())
+    assert (b - a).tolist() == pytest.approx((end - start)[which].tolist())  # each copy the step's length
 
 
 def test_gap_in_telemetry_is_imputed_and_says_so() -> None:

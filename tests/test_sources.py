@@ -271,6 +271,8 @@ def test_nvml_falls_back_to_power_usage_without_power_fields() -> None:
     [
         ("NVIDIA H100 80GB HBM3", FakeNvml.NVML_DEVICE_ARCH_HOPPER, True),
         ("NVIDIA A100-SXM4-80GB", FakeNvml.NVML_DEVICE_ARCH_AMPERE, False),  # GA100: instant
+        ("NVIDIA A800 80GB PCIe", FakeNvml.NVML_DEVICE_ARCH_AMPERE, False),  # GA100 too
+        ("NVIDIA RTX A1000 6GB Laptop GPU", FakeNvml.NVML_DEVICE_ARCH_AMPERE, True),  # not GA100
         ("Tesla V100-SXM2-16GB", 5, False),
         ("NVIDIA H100 80GB HBM3", FakeNvml.NVML_DEVICE_ARCH_UNKNOWN, False),
     ],

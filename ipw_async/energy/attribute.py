@@ -120,6 +120,11 @@ class _Inputs:
         window, spread over the window after it."""
         return self.work.placed.averaged(self.window_ns)
 
+    @cached_property
+    def last_step(self) -> Segments:
+        """Each request's last step as the meter sees it (as :attr:`placed`)."""
+        return self.work.last_step.averaged(self.window_ns)
+
     def model_split(self, model: PowerModel) -> Split:
         shares = step_shares(self.work.steps, model, self.designs(model.lag_ms))
         return Split(None, model.static_at, True, shares)
@@ -506,14 +511,13 @@ def _model_estimate(
     splits = [inputs.model_split(m) for m in models]
     # one cut of the meter for every split: sorting the edges is most of the work at scale
     cuts = [s.segments for s in (chosen, *splits) if s.segments is not None]
-    work = inputs.work
-    timeline = Timeline(vc, inputs.active, [*cuts, work.last_step, inputs.placed], inputs.requests.height)
+    timeline = Timeline(vc, inputs.active, [*cuts, inputs.last_step, inputs.placed], inputs.requests.height)
     energy, imputed_part, idle, pooled_idle = _apply(timeline, chosen)
     others = [_energy(timeline, split) for split in splits]
     # no power model, no model error; one not held out widens the band by what it did measure
     error = 0.0 if model is None else interval_error(model.held_out_error, model.in_sample_error)
     low, high = band(
-        timeline, [work.last_step, inputs.placed], [energy, *others], inputs.baseline, chosen.pooled, error
+        timeline, [inputs.last_step, inputs.placed], [energy, *others], inputs.baseline, chosen.pooled, error
     )
     return timeline, energy, imputed_part, idle, pooled_idle, low, high
 

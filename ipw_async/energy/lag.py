@@ -11,8 +11,11 @@ import numpy as np
 # 40 ms lag's tail so coarsely over a 20 ms counter that the exact steps split 8-10% off)
 LAG_TAIL = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 # A power averaged over a window spreads each step's energy evenly over the window after it:
-# copies of the step this far apart at most (a sampler's 50 ms), each with its part
+# copies of the step this far apart at most (a sampler's 50 ms), each with its part, and no
+# more copies in all than this (a long run's segments, one per request and step, are tens of
+# millions: there the copies stand further apart, at the least one at the window's middle)
 WINDOW_STRIDE_NS = 50e6
+MAX_COPIES = 5_000_000
 
 
 def metered(
@@ -26,7 +29,7 @@ def metered(
     parts = _lagged(start, end, lag_ms)
     if not window_ns:
         return parts
-    copies = int(np.ceil(window_ns / WINDOW_STRIDE_NS))
+    copies = max(1, min(int(np.ceil(window_ns / WINDOW_STRIDE_NS)), MAX_COPIES // max(parts[0].size, 1)))
     shifts = (np.arange(copies) + 0.5) * window_ns / copies
     which, a, b, share = parts
     return (

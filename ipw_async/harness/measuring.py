@@ -27,8 +27,8 @@ from .ledger import Abort, RunLedger
 from .resume import Resume
 from .watch import RunWatch
 
-# Telemetry kept past a meter's averaging window after the last request: a sampler's period
-# and more, so the window's last reading is in the log
+# Telemetry kept past a meter's averaging window after the last request, at least: two of the
+# sampler's periods, so a reading past the window is in the log
 TAIL_PAST_WINDOW_S = 0.2
 
 
@@ -150,9 +150,14 @@ class LiveRun:
                 await drive(steady, units, self._execute, rng)
         await self._measured(t0, rng)
         self.state.phase = Phase.FINISHING
-        # a meter that averages power shows the last step's energy only a window later
-        window_s = max((m.window_ns / NS for m in self.sampler.meters), default=0.0)
-        await asyncio.sleep(max(config.tail_s, window_s + TAIL_PAST_WINDOW_S) if has_telemetry else 0)
+        # a meter that averages power shows the last step's energy only a window later (a
+        # counter too, should its check on the way out find it faulty and integrate its power)
+        meters = self.sampler.meters
+        window_s = max((dataclasses.replace(m, kind="power").window_ns / NS for m in meters), default=0.0)
+        tail_s = config.tail_s if has_telemetry else 0.0
+        if window_s:
+            tail_s = max(tail_s, window_s + max(TAIL_PAST_WINDOW_S, 2 * config.sample_ms / 1e3))
+        await asyncio.sleep(tail_s)
 
     async def _execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
         """Perform a unit unless the run stopped sending since it was drawn: a timed unit is

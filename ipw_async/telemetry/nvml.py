@@ -4,6 +4,7 @@ the reasons the clocks are held down."""
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -23,7 +24,9 @@ _MIB = 1 << 20  # memory in MiB, the unit nvidia-smi reports
 # Errors that mean "this GPU or driver cannot do that query at all", so its column is dropped;
 # any other error at open() is taken as transient and the column is kept.
 _UNSUPPORTED_ERRORS = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound")
-_GA100 = ("A100", "A30")  # the Ampere chip whose nvmlDeviceGetPowerUsage is still instant
+# the Ampere chip whose nvmlDeviceGetPowerUsage is still instant, by model (A100, A30, A800 and
+# their X cards; not the RTX A1000 or A3000, which average)
+_GA100 = re.compile(r"\b(A100|A30|A800)X?\b")
 
 # nvmlValue_t union member for each NVML_VALUE_TYPE_* (0..6).
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
@@ -224,7 +227,7 @@ def _usage_averaged(nvml: ModuleType, h: Any, name: str, error: type[Exception])
         arch = architecture(h)
     except error:
         return False
-    return arch != unknown and arch >= ampere and not any(chip in name for chip in _GA100)
+    return arch != unknown and arch >= ampere and not _GA100.search(name)
 
 
 def _field_watts(fv: Any, success: int) -> float | None:
