@@ -119,6 +119,29 @@ class NvmlSource(GpuLibrarySource):
             columns += [c for c, _ in gpu.queries] + gpu.field_columns
         return self._opened(kinds, columns, nvml.nvmlSystemGetDriverVersion(), [])
 
+    def _power_fields(self, nvml: ModuleType, gpu: _Gpu, channel: str) -> None:
+        """Add the power fields this GPU answers to ``gpu``'s. A field is used only if it
+        returned a value at open: instant power has a fallback and average power is an extra,
+        so an unclear answer is not worth a column."""
+        fields = [
+            (getattr(nvml, fid), f"{channel}.{q}")
+            for fid, q in (
+                ("NVML_FI_DEV_POWER_INSTANT", Quantity.POWER_W),
+                ("NVML_FI_DEV_POWER_AVERAGE", Quantity.AVG_POWER_W),
+            )
+            if hasattr(nvml, fid)
+        ]
+        if not fields:
+            return
+        try:
+            answers = nvml.nvmlDeviceGetFieldValues(gpu.handle, [fid for fid, _ in fields])
+        except self._error:
+            answers = []
+        for (fid, column), fv in zip(fields, answers, strict=False):
+            if _field_watts(fv, nvml.NVML_SUCCESS) is not None:
+                gpu.field_ids.append(fid)
+                gpu.field_columns.append(column)
+
     def _probe(
         self, nvml: ModuleType, gpu: _Gpu, channel: str, unsupported: tuple[type[Exception], ...]
     ) -> str | None:
@@ -164,25 +187,7 @@ class NvmlSource(GpuLibrarySource):
                 pass  # transient: keep the column, reads will say None when it fails
             return True
 
-        # Power fields are used only if they returned a value at open: instant power has a
-        # fallback and average power is an extra, so an unclear answer is not worth a column.
-        fields = [
-            (getattr(nvml, fid), f"{channel}.{q}")
-            for fid, q in (
-                ("NVML_FI_DEV_POWER_INSTANT", Quantity.POWER_W),
-                ("NVML_FI_DEV_POWER_AVERAGE", Quantity.AVG_POWER_W),
-            )
-            if hasattr(nvml, fid)
-        ]
-        if fields:
-            try:
-                answers = nvml.nvmlDeviceGetFieldValues(h, [fid for fid, _ in fields])
-            except self._error:
-                answers = []
-            for (fid, column), fv in zip(fields, answers, strict=False):
-                if _field_watts(fv, nvml.NVML_SUCCESS) is not None:
-                    gpu.field_ids.append(fid)
-                    gpu.field_columns.append(column)
+        self._power_fields(nvml, gpu, channel)
         instant_field = f"{channel}.{Quantity.POWER_W}" in gpu.field_columns
 
         has_energy = supported(lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(h))
