@@ -248,7 +248,8 @@ def _intervals(chunk_ns: pa.LargeListArray) -> pa.LargeListArray:
     gives them, in a few array operations: built in Python, a float a token, they were a quarter
     of what a batch of records cost to build (1.0 against 0.78 ms for 32 records of 128 tokens)."""
     offsets = chunk_ns.offsets.to_numpy()
-    stamps = chunk_ns.values.to_numpy()
+    stamps = chunk_ns.values.to_numpy()[offsets[0] : offsets[-1]]  # a slice's values are its parent's
+    offsets = offsets - offsets[0]
     counts = np.maximum(np.diff(offsets) - 1, 0)
     within = np.ones(max(stamps.size - 1, 0), dtype=bool)
     starts = offsets[1:-1]
