@@ -17,7 +17,7 @@ import polars as pl
 
 from ..records import RECORD_SCHEMA
 from ..stats import measured
-from ..telemetry.base import Meter, Quantity
+from ..telemetry.base import Meter, Quantity, power_quantity
 from ..telemetry.cadence import CounterGrid
 from ..traces import QueryTrace
 from . import files
@@ -211,8 +211,7 @@ def _meters_from_columns(columns: list[str], summary: dict[str, Any]) -> list[Me
         source = next((c.removesuffix(".t_ns") for c in reversed(columns[: value_columns[0]]) if c.endswith(".t_ns")), "")
         has_energy = f"{channel}.{Quantity.ENERGY_J}" in columns
         kind = known.get(channel, {}).get("kind") or ("counter" if has_energy else "power")
-        power_quantity = Quantity.POWER_W if f"{channel}.{Quantity.POWER_W}" in columns else Quantity.AVG_POWER_W
         grids = tuple(CounterGrid.from_dict(g) for g in known.get(channel, {}).get("counter_grids") or ())
-        meters.append(Meter(channel, kind, channel in headline, power_quantity, source, grids))
+        meters.append(Meter(channel, kind, channel in headline, power_quantity(channel, columns), source, grids))
     return sorted(meters, key=lambda m: (not m.accelerator, m.channel))
 

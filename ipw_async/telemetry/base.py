@@ -39,6 +39,14 @@ class Quantity(StrEnum):
 AVERAGE_WINDOW_NS = 1e9
 
 
+def power_quantity(channel: str, columns: list[str]) -> Quantity:
+    """The power a channel's meter integrates where it must: instant where the log has it,
+    else the device's average."""
+    if f"{channel}.{Quantity.POWER_W}" in columns or f"{channel}.{Quantity.AVG_POWER_W}" not in columns:
+        return Quantity.POWER_W
+    return Quantity.AVG_POWER_W
+
+
 def time_column(source: str) -> str:
     """The column of a source's reading times (ns since run start)."""
     return f"{source}.t_ns"

@@ -13,7 +13,16 @@ from types import ModuleType
 from typing import Any
 
 from .._clock import now_ns
-from .base import CountedSource, CounterTracker, Meter, Quantity, Reading, SourceInfo, SourceUnavailable
+from .base import (
+    CountedSource,
+    CounterTracker,
+    Meter,
+    Quantity,
+    Reading,
+    SourceInfo,
+    SourceUnavailable,
+    power_quantity,
+)
 
 
 @dataclass
@@ -145,12 +154,7 @@ class GpuLibrarySource(CountedSource):
             if kind is None:
                 caveats.append(f"no power reading on {channel}")
                 continue
-            # a GPU that gives only the power it averaged is integrated a window late
-            averaged = (
-                f"{channel}.{Quantity.POWER_W}" not in columns
-                and f"{channel}.{Quantity.AVG_POWER_W}" in columns
-            )
-            quantity = Quantity.AVG_POWER_W if averaged else Quantity.POWER_W
+            quantity = power_quantity(channel, columns)  # only averaged: integrated a window late
             meters.append(Meter(channel=channel, kind=kind, accelerator=True, power_quantity=quantity))
             if kind == "power":
                 caveats.append(f"no energy counter on {channel}, power integrated")
