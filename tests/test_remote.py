@@ -24,12 +24,12 @@ from ipw_async import finalize, run_benchmark
 from ipw_async.cli import app
 from ipw_async.clock_sync import ClockSync
 from ipw_async.errors import RunError
-from ipw_async.sim import SimulatorProcess
+from ipw_async.sim import SimConfig, SimulatorProcess
 from ipw_async.telemetry import OpenSource
 from ipw_async.telemetry.prometheus import PrometheusSource, parse
 from ipw_async.telemetry_agent import READ_INTERVAL_S, AgentProcess, AgentServer
 
-from .conftest import quick_config
+from .conftest import fast_engine, quick_config
 from .test_sources import FakeGpu, nvml_source
 
 # agents' clock offsets, round trips and gaps are measured here: no other test beside them
@@ -152,11 +152,56 @@ vllm:e2e_request_latency_seconds_bucket{le="1.0"} 4
     source = PrometheusSource("http://gpu-host:9400/metrics")
     values = source._values(text)
     assert values == {
-        "gpu0@gpu-host:9400.power_w": 126.84,
+        "gpu0@gpu-host:9400.avg_power_w": 126.84,  # NVML's power usage: an H100 averages it
         "gpu1@gpu-host:9400.energy_j": pytest.approx(9.1733e06),  # mJ to J
         "server@gpu-host:9400.llamacpp_requests_processing": 3.0,
         "server@gpu-host:9400.llamacpp_prompt_tokens_seconds": 412.5,
     }  # histograms left out
+
+
+def test_dcgm_power_usage_is_read_as_the_average_it_is_on_ampere_and_newer() -> None:
+    # DCGM's POWER_USAGE is nvmlDeviceGetPowerUsage: the last second's average from Ampere on,
+    # GA100 aside; its INSTANT field is instant wherever it is exported
+    text = """DCGM_FI_DEV_POWER_USAGE{gpu="0",modelName="NVIDIA L40S"} 301.5
+DCGM_FI_DEV_POWER_USAGE{gpu="1",modelName="NVIDIA H100 80GB HBM3"} 402.0
+DCGM_FI_DEV_POWER_USAGE_INSTANT{gpu="1",modelName="NVIDIA H100 80GB HBM3"} 455.0
+DCGM_FI_DEV_POWER_USAGE{gpu="2",modelName="NVIDIA A100-SXM4-80GB"} 250.0
+DCGM_FI_DEV_POWER_USAGE{gpu="3",modelName="Tesla V100-SXM2-32GB"} 199.0
+DCGM_FI_DEV_POWER_USAGE{gpu="4"} 88.0
+"""
+    assert PrometheusSource("http://gpu-host:9400/metrics")._values(text) == {
+        "gpu0@gpu-host:9400.avg_power_w": 301.5,
+        "gpu1@gpu-host:9400.avg_power_w": 402.0,
+        "gpu1@gpu-host:9400.power_w": 455.0,
+        "gpu2@gpu-host:9400.power_w": 250.0,  # GA100: instant
+        "gpu3@gpu-host:9400.power_w": 199.0,  # before Ampere: instant
+        "gpu4@gpu-host:9400.power_w": 88.0,  # no model named: as NVML before it averaged
+    }
+
+
+@pytest.mark.parametrize(("device", "window_s"), [("avg-power", 1.0), ("power", None)])
+async def test_a_scraped_gpu_power_is_integrated_as_the_device_averaged_it(
+    tmp_path: Path, device: str, window_s: float | None
+) -> None:
+    # the simulator's exporter shows an H100-like device: its averaged power usage alone, or
+    # with the instant field beside it (which the meter then integrates)
+    engine = fast_engine(telemetry=device)
+    config = quick_config(tmp_path, max_queries=12, sim=SimConfig(engine=engine, output_median=16))
+    with SimulatorProcess(config.sim) as sim:
+        config.base_url = sim.base_url
+        config.telemetry = "none"
+        config.prometheus_url = [f"{sim.root_url}/metrics"]
+        result = await run_benchmark(config)
+    gpu = f"gpu0@127.0.0.1:{sim.port}"
+    meter = result.summary["energy"]["meters"][gpu]
+    assert meter["kind"] == "power"
+    assert meter.get("power_averaged_over_s") == window_s
+    read_until = (
+        pl.read_ipc_stream(tmp_path / "run" / "telemetry.arrow")
+        .get_column(f"prometheus@127.0.0.1:{sim.port}.t_ns")
+        .max()
+    )
+    assert read_until - result.records.get_column("closed_ns").max() >= (window_s or 0.0) * 1e9
 
 
 async def test_a_metrics_url_with_nothing_to_read_says_so(tmp_path: Path) -> None:

@@ -260,7 +260,8 @@ def test_nvml_without_energy_counter_meters_power() -> None:
 
 
 def test_nvml_falls_back_to_power_usage_without_power_fields() -> None:
-    source, _ = nvml_source(FakeGpu("GPU-aaa", fields={}))
+    # a GPU before Ampere, whose power usage is instant
+    source, _ = nvml_source(FakeGpu("GPU-aaa", name="Tesla V100-SXM2-16GB", fields={}))
     info = source.open()
     assert "gpu0.avg_power_w" not in info.columns
     assert source.read().values["gpu0.power_w"] == 300.0
@@ -274,7 +275,10 @@ def test_nvml_falls_back_to_power_usage_without_power_fields() -> None:
         ("NVIDIA A800 80GB PCIe", FakeNvml.NVML_DEVICE_ARCH_AMPERE, False),  # GA100 too
         ("NVIDIA RTX A1000 6GB Laptop GPU", FakeNvml.NVML_DEVICE_ARCH_AMPERE, True),  # not GA100
         ("Tesla V100-SXM2-16GB", 5, False),
-        ("NVIDIA H100 80GB HBM3", FakeNvml.NVML_DEVICE_ARCH_UNKNOWN, False),
+        # the architecture unknown to this driver: by the model's name, as behind DCGM
+        ("NVIDIA H100 80GB HBM3", FakeNvml.NVML_DEVICE_ARCH_UNKNOWN, True),
+        ("Tesla V100-SXM2-16GB", FakeNvml.NVML_DEVICE_ARCH_UNKNOWN, False),
+        ("NVIDIA A30", FakeNvml.NVML_DEVICE_ARCH_UNKNOWN, False),
     ],
 )
 def test_power_usage_is_read_as_the_average_it_is_on_ampere_and_newer(

@@ -206,11 +206,13 @@ class SimServer:
                 "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter",
                 f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{gpu}}} {device['energy_mj']}",
             ]
-        if device["power_w"] is not None:
-            lines += [
-                "# TYPE DCGM_FI_DEV_POWER_USAGE gauge",
-                f"DCGM_FI_DEV_POWER_USAGE{{{gpu}}} {device['power_w']}",
-            ]
+        # as on a GPU of Ampere or newer: the instant field, and the power usage NVML averages
+        for field, key in (
+            ("DCGM_FI_DEV_POWER_USAGE_INSTANT", "power_w"),
+            ("DCGM_FI_DEV_POWER_USAGE", "avg_power_w"),
+        ):
+            if device[key] is not None:
+                lines += [f"# TYPE {field} gauge", f"{field}{{{gpu}}} {device[key]}"]
         model = f'model_name="{self.config.model}"'
         lines += [
             "# TYPE vllm:num_requests_running gauge",

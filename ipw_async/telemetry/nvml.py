@@ -27,6 +27,11 @@ _UNSUPPORTED_ERRORS = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound")
 # the Ampere chip whose nvmlDeviceGetPowerUsage is still instant, by model (A100, A30, A800 and
 # their X cards; not the RTX A1000 or A3000, which average)
 _GA100 = re.compile(r"\b(A100|A30|A800)X?\b")
+# GPUs older than Ampere, by the names NVML and DCGM give them: Tesla, Quadro and TITAN left
+# NVIDIA's names with Ampere, the cards before it were K, M, P and T numbers (Turing's T4 to
+# T1000) and V100, and Turing's GeForce RTX 20xx and GTX 16xx. The list is closed: every model
+# named since then is Ampere or newer.
+_PRE_AMPERE = re.compile(r"\b(Tesla|Quadro|TITAN|GTX|RTX 20\d0)\b|\b([KMPT]\d{1,4}|V100)(?![0-9])")
 
 # nvmlValue_t union member for each NVML_VALUE_TYPE_* (0..6).
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
@@ -222,17 +227,27 @@ class NvmlSource(GpuLibrarySource):
 
 def _usage_averaged(nvml: ModuleType, h: Any, name: str, error: type[Exception]) -> bool:
     """Whether nvmlDeviceGetPowerUsage is the last second's average rather than instant power:
-    on Ampere and newer, GA100 (A100, A30) aside, as NVML documents it. Unknown: instant."""
+    on Ampere and newer, GA100 (A100, A30) aside, as NVML documents it; by the model's name
+    where this pynvml or the driver cannot tell the architecture."""
     architecture = getattr(nvml, "nvmlDeviceGetArchitecture", None)
     ampere = getattr(nvml, "NVML_DEVICE_ARCH_AMPERE", None)
     unknown = getattr(nvml, "NVML_DEVICE_ARCH_UNKNOWN", None)
     if architecture is None or ampere is None:
-        return False
+        return power_usage_averaged(name)
     try:
         arch = architecture(h)
     except error:
-        return False
-    return arch != unknown and arch >= ampere and not _GA100.search(name)
+        return power_usage_averaged(name)
+    if arch == unknown:
+        return power_usage_averaged(name)
+    return arch >= ampere and not _GA100.search(name)
+
+
+def power_usage_averaged(name: str) -> bool:
+    """Whether a GPU of this model name reports nvmlDeviceGetPowerUsage (and DCGM's
+    ``DCGM_FI_DEV_POWER_USAGE``, which reads it) as the last second's average: Ampere and newer,
+    GA100 aside, told by the name where no architecture is to hand (behind DCGM's exporter)."""
+    return bool(name) and not _PRE_AMPERE.search(name) and not _GA100.search(name)
 
 
 def _field_watts(fv: Any, success: int) -> float | None:

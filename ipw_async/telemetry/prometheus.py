@@ -2,7 +2,8 @@
 Exporter and the server's /metrics.
 
 DCGM exporter's total-energy field (mJ) and AMD's (µJ) become a counter meter per GPU, like
-NVML's, and their power field the power column; clocks and throttle reasons are logged beside. An inference server's own gauges and counters (vLLM's, llama.cpp's,
+NVML's, and their power field the power column (DCGM's ``POWER_USAGE`` is NVML's power usage,
+the last second's average on Ampere and newer: its instant field is taken where it is exported); clocks and throttle reasons are logged beside. An inference server's own gauges and counters (vLLM's, llama.cpp's,
 SGLang's: requests running and waiting, tokens, cache use) go into the telemetry log beside
 them. A scrape carries no time of its own, so a reading is timed to the middle of the scrape
 (the sampler's rule), and a counter the exporter refreshes slowly is re-timed by its learned
@@ -15,14 +16,27 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from .base import CountedSource, CounterTracker, Meter, Quantity, Reading, SourceInfo, SourceUnavailable
+from .base import (
+    CountedSource,
+    CounterTracker,
+    Meter,
+    Quantity,
+    Reading,
+    SourceInfo,
+    SourceUnavailable,
+    power_quantity,
+)
 from .http import ERRORS, KeptAlive, endpoint
+from .nvml import power_usage_averaged
 
 # Exporters' per-GPU fields: (quantity, scale to our unit). DCGM's GPUs are labelled gpu=,
 # AMD's gpu_id= (and its names may carry an amd_ prefix).
 DCGM_FIELDS = {
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": (Quantity.ENERGY_J, 1e-3),  # mJ since the driver loaded
-    "DCGM_FI_DEV_POWER_USAGE": (Quantity.POWER_W, 1.0),
+    "DCGM_FI_DEV_POWER_USAGE_INSTANT": (Quantity.POWER_W, 1.0),  # since DCGM 3.1
+    # nvmlDeviceGetPowerUsage: averaged over the last second on Ampere and newer, GA100 aside,
+    # told by the exporter's modelName label (instant on older GPUs, or where it has none)
+    "DCGM_FI_DEV_POWER_USAGE": (Quantity.AVG_POWER_W, 1.0),
     "DCGM_FI_DEV_GPU_UTIL": (Quantity.UTIL_PCT, 1.0),
     "DCGM_FI_DEV_FB_USED": (Quantity.MEM_USED_MB, 1.0),
     "DCGM_FI_DEV_GPU_TEMP": (Quantity.TEMP_C, 1.0),
@@ -96,6 +110,8 @@ class PrometheusSource(CountedSource):
             amd = AMD_FIELDS.get(name.removeprefix("amd_"))
             if name in DCGM_FIELDS:
                 quantity, scale = DCGM_FIELDS[name]
+                if quantity == Quantity.AVG_POWER_W and not power_usage_averaged(labels.get("modelName", "")):
+                    quantity = Quantity.POWER_W
                 gpu = f"gpu{labels.get('gpu', labels.get('UUID', '0'))}@{self.label}"
                 values[f"{gpu}.{quantity}"] = value * scale
             elif amd is not None:
@@ -128,9 +144,17 @@ class PrometheusSource(CountedSource):
         powered = {m.channel for m in meters}
         for column in self._columns:
             channel, quantity = column.rsplit(".", 1)
-            if quantity == Quantity.POWER_W and channel not in powered:
-                meters.append(Meter(channel, "power", accelerator=True))
-        gpus = sum(1 for c in self._columns if c.startswith("gpu") and c.endswith(f".{Quantity.POWER_W}"))
+            if quantity in (Quantity.POWER_W, Quantity.AVG_POWER_W) and channel not in powered:
+                powered.add(channel)
+                meters.append(
+                    Meter(
+                        channel,
+                        "power",
+                        accelerator=True,
+                        power_quantity=power_quantity(channel, self._columns),
+                    )
+                )
+        gpus = len({m.channel for m in meters if m.channel.startswith("gpu")})
         server = sum(1 for c in self._columns if c.startswith("server@"))
         return SourceInfo(
             columns=self._columns,
