@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -177,6 +178,44 @@ DCGM_FI_DEV_POWER_USAGE{gpu="4"} 88.0
         "gpu3@gpu-host:9400.power_w": 199.0,  # before Ampere: instant
         "gpu4@gpu-host:9400.power_w": 88.0,  # no model named: as NVML before it averaged
     }
+
+
+def test_each_scraped_gpu_meter_shows_the_power_its_exporter_has() -> None:
+    # dcgm-exporter's default fields on an H100: energy and the averaged power usage; the
+    # counter's meter shows (and its check compares) that power, as the device averaged it
+    text = b"""DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0",modelName="NVIDIA H100 80GB HBM3"} 9.1e+09
+DCGM_FI_DEV_POWER_USAGE{gpu="0",modelName="NVIDIA H100 80GB HBM3"} 402.0
+DCGM_FI_DEV_POWER_USAGE{gpu="1",modelName="NVIDIA H100 80GB HBM3"} 398.0
+DCGM_FI_DEV_POWER_USAGE_INSTANT{gpu="1",modelName="NVIDIA H100 80GB HBM3"} 455.0
+"""
+
+    class Exporter(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    source = PrometheusSource(f"http://127.0.0.1:{server.server_address[1]}/metrics")
+    try:
+        info = source.open()
+        reading = source.read()
+    finally:
+        source.close()
+        server.shutdown()
+        server.server_close()
+    meters = {m.channel.split("@")[0]: m for m in info.meters}
+    assert [(m.kind, m.power_quantity, m.window_ns) for m in meters.values()] == [
+        ("counter", "avg_power_w", 0.0),  # the counter's energy is the device's own, unshifted
+        ("power", "power_w", 0.0),  # integrated from the instant field, not the average
+    ]
+    assert reading.values[meters["gpu0"].power_column] == 402.0
+    assert reading.values[meters["gpu1"].power_column] == 455.0
 
 
 @pytest.mark.parametrize(("device", "window_s"), [("avg-power", 1.0), ("power", None)])

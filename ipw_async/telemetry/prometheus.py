@@ -135,25 +135,18 @@ class PrometheusSource(CountedSource):
                 "llama.cpp or SGLang server's)"
             )
         self._columns = sorted(values)
+        # a meter per GPU with energy (a counter) or power (integrated): the power it shows
+        # beside is instant where the exporter has it, else the device's average
+        metered = (Quantity.ENERGY_J, Quantity.POWER_W, Quantity.AVG_POWER_W)
+        channels = dict.fromkeys(c.rsplit(".", 1)[0] for c in self._columns if c.rsplit(".", 1)[1] in metered)
         meters = []
-        for column in self._columns:
-            channel, quantity = column.rsplit(".", 1)
-            if quantity == Quantity.ENERGY_J:
+        for channel in channels:
+            kind = "counter" if f"{channel}.{Quantity.ENERGY_J}" in self._columns else "power"
+            if kind == "counter":
                 self.counters[channel] = CounterTracker()
-                meters.append(Meter(channel, "counter", accelerator=True))
-        powered = {m.channel for m in meters}
-        for column in self._columns:
-            channel, quantity = column.rsplit(".", 1)
-            if quantity in (Quantity.POWER_W, Quantity.AVG_POWER_W) and channel not in powered:
-                powered.add(channel)
-                meters.append(
-                    Meter(
-                        channel,
-                        "power",
-                        accelerator=True,
-                        power_quantity=power_quantity(channel, self._columns),
-                    )
-                )
+            meters.append(
+                Meter(channel, kind, accelerator=True, power_quantity=power_quantity(channel, self._columns))
+            )
         gpus = len({m.channel for m in meters if m.channel.startswith("gpu")})
         server = sum(1 for c in self._columns if c.startswith("server@"))
         return SourceInfo(
