@@ -40,7 +40,15 @@ the counter would share its errors too.
    requests on the server (arrived, not yet finished); an interval with requests and no step
    gives its energy above static equally to them.
 
+**Shorter runs.** ``--cuts 0.25,0.5`` also scores each run as if it had stopped sending at that
+share of its sending span: a copy keeps the requests sent by then (whole) and the telemetry up
+to then, is finalized on its own with the default rule (a fit from that much of the run alone),
+and is scored on the requests that ended by then (warm-up included), beside the whole run's score on the same
+requests. The held-out runs a claim is checked on differ in length and load; a cut is a run of
+the same GPU the fit has less of.
+
     python benchmarks/real_traces.py [--traces ../shared/traces] [--rules steps,tokens,equal]
+        [--cuts 0.25,0.5]
 """
 
 from __future__ import annotations
@@ -86,10 +94,11 @@ def reference(run: Path, column: str = "reference_j") -> dict[int, float]:
         return {int(r["request_id"]): float(r[column]) for r in csv.DictReader(f)}
 
 
-def score(records: pl.DataFrame, ref: dict[int, float]) -> Score:
-    """The traces' scoring of a finished run's records against ``ref``."""
+def score(records: pl.DataFrame, ref: dict[int, float], warmup: bool = False) -> Score:
+    """The traces' scoring of a finished run's records against ``ref`` (the warm-up's requests
+    too with ``warmup``)."""
     rows = records.filter(
-        (pl.col("status") == "ok") & ~pl.col("warmup") & (pl.col("e2e_latency_s") >= MIN_E2E_S)
+        (pl.col("status") == "ok") & (warmup | ~pl.col("warmup")) & (pl.col("e2e_latency_s") >= MIN_E2E_S)
     ).filter(pl.col("request_id").is_in(list(ref)) & pl.col("energy_j").is_not_null())
     truth = np.array([ref[q] for q in rows.get_column("request_id").to_list()])
     energy = rows.get_column("energy_j").to_numpy()
@@ -123,6 +132,46 @@ def finalized(run: Path, workdir: Path, rule: str | None) -> tuple[pl.DataFrame,
     # the runs predate --context-cost and would keep the reading they had: today's default instead
     result = finalize(copy, attribution=rule, context_cost=DEFAULT_CONTEXT_COST)
     return result.records, result.summary
+
+
+def cut(run: Path, workdir: Path, fraction: float) -> tuple[Path, int]:
+    """A copy of ``run``'s directory as if it had stopped sending at ``fraction`` of its sending
+    span, and that time (ns on the run's clock): the requests sent by then, whole, and the
+    telemetry read by then (a request still in flight is imputed past it). Every request on the
+    server before that time is in the copy, so a fit to its intervals knows all their work."""
+    from ipw_async.rundir.files import read_arrow
+
+    copy = workdir / f"{run.parent.name}-{run.name}-cut{fraction:g}"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(run / "run", copy)
+    for path in copy.rglob("*"):
+        path.chmod(0o644 if path.is_file() else 0o755)
+    # a run of format 2 and later keeps its measured records apart from the finished ones
+    kept = [copy / name for name in ("measured.arrow", "records.arrow") if (copy / name).is_file()]
+    sent = read_arrow(kept[0]).get_column("sent_ns")
+    until = int(sent.min() + fraction * (sent.max() - sent.min()))
+    for path in kept:
+        read_arrow(path).filter(pl.col("sent_ns") <= until).write_ipc_stream(path)
+    telemetry = read_arrow(copy / "telemetry.arrow")
+    read = pl.any_horizontal([pl.col(c) <= until for c in telemetry.columns if c.endswith(".t_ns")])
+    telemetry.filter(read).write_ipc_stream(copy / "telemetry.arrow")
+    (copy / "summary.json").unlink(missing_ok=True)
+    return copy, until
+
+
+def cut_scores(run: Path, workdir: Path, fraction: float, whole: pl.DataFrame) -> tuple[Score, Score]:
+    """The default rule's score on a cut of ``run`` (:func:`cut`) over the requests that ended
+    before it stopped sending, warm-up included (most of an early cut's), and the whole run's
+    (``whole``: its finished records) on them."""
+    from ipw_async import finalize
+    from ipw_async.energy.stepcost import DEFAULT_CONTEXT_COST
+
+    copy, until = cut(run, workdir, fraction)
+    records = finalize(copy, attribution="steps", context_cost=DEFAULT_CONTEXT_COST).records
+    ended = records.filter(pl.col("closed_ns") <= until).get_column("request_id").to_list()
+    ref = reference(run)
+    scored = {q: ref[q] for q in ended if q in ref}
+    return score(records, scored, warmup=True), score(whole, scored, warmup=True)
 
 
 SHIFTS_MS = range(-40, 45, 5)  # the meter shifts the rebuild tries, ms
@@ -366,6 +415,13 @@ def against_rebuilt(run: Path, records: pl.DataFrame, static_w: float) -> str:
     )
 
 
+def _band(s: Score) -> str:
+    """The band's coverage and median half-width, "— ±—" where a request had none."""
+    if s.coverage is None or s.half_width is None:
+        return "— ±—"
+    return f"{s.coverage:.0%} ±{s.half_width:.1%}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -375,6 +431,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--rules", default="steps,fitted,tokens,equal", help="attribution rules to score, comma-separated"
+    )
+    ap.add_argument(
+        "--cuts",
+        default="",
+        help="also score each run cut short at these shares of its sending span, comma-separated (e.g. 0.25,0.5)",
     )
     args = ap.parse_args()
     runs = trace_runs(args.traces)
@@ -390,8 +451,7 @@ def main() -> None:
             for rule in rules:
                 records, summary = finalized(run, Path(tmp), rule)
                 s = score(records, ref)
-                cover = "—" if s.coverage is None else f"{s.coverage:.0%}"
-                half = "—" if s.half_width is None else f"{s.half_width:.1%}"
+                cover, half = _band(s).split(" ±")
                 print(
                     f"{run.parent.name + '/' + run.name:28s} {rule:7s} {s.n:4d} {s.p50:6.1%} {s.p95:6.1%} "
                     f"{s.bias:+7.1%} {s.sum_ratio:7.3f} {cover:>6s} {half:>6s}"
@@ -421,6 +481,13 @@ def main() -> None:
                         )
                         if rebuildable(run):
                             print(f"{'':28s} {against_rebuilt(run, records, model['static_w'])}")
+                    for fraction in (float(c) for c in args.cuts.split(",") if c):
+                        short, same = cut_scores(run, Path(tmp), fraction, records)
+                        print(
+                            f"{'':28s} cut at {fraction:.0%} of its sends: {short.n} requests ended by then, "
+                            f"p50 {short.p50:.1%} p95 {short.p95:.1%} bias {short.bias:+.1%}, band "
+                            f"{_band(short)}; the whole run on them p95 {same.p95:.1%} bias {same.bias:+.1%}"
+                        )
 
 
 if __name__ == "__main__":
