@@ -139,7 +139,7 @@ def _rmse(errors: np.ndarray) -> float:
     return float(np.sqrt(np.mean(errors**2)))
 
 
-def _better(richer: np.ndarray, simpler: np.ndarray, tried: int = 1) -> bool:
+def predicts_better(richer: np.ndarray, simpler: np.ndarray, tried: int = 1) -> bool:
     """Whether ``richer`` predicts held-out intervals better: by MIN_GAIN of the error, by more
     than a meter's own resolution, and interval by interval more often than chance would (a
     one-sided signed-rank test: a mean of squares is ruled by the few worst intervals), chance
@@ -325,7 +325,7 @@ def _select(problem: Problem, notes: list[str]) -> tuple[Fit, dict[frozenset[str
 
     def earned(candidates: list[frozenset[str]], tried: int) -> frozenset[str] | None:
         best = min(candidates, key=lambda c: _rmse(held[c]), default=None)
-        return best if best is not None and _better(held[best], held[current], tried) else None
+        return best if best is not None and predicts_better(held[best], held[current], tried) else None
 
     while True:
         singles = [current | {e} for e in applicable if e not in current]
