@@ -47,8 +47,13 @@ and is scored on the requests that ended by then (warm-up included), beside the 
 requests. The held-out runs a claim is checked on differ in length and load; a cut is a run of
 the same GPU the fit has less of.
 
+**Without the counter.** ``--without-counter`` also scores each run read as a device without
+an energy counter (or one whose counter was distrusted) reads: its energy column dropped, the
+default rule integrates the power it logged beside, the device's 1 s average (placed a window
+late) or, in a second copy, the instant field alone.
+
     python benchmarks/real_traces.py [--traces ../shared/traces] [--rules steps,tokens,equal]
-        [--cuts 0.25,0.5]
+        [--cuts 0.25,0.5] [--without-counter]
 """
 
 from __future__ import annotations
@@ -159,19 +164,58 @@ def cut(run: Path, workdir: Path, fraction: float) -> tuple[Path, int]:
     return copy, until
 
 
+def by_default(copy: Path) -> pl.DataFrame:
+    """A changed copy of a run finalized with the default rule: its records."""
+    from ipw_async import finalize
+    from ipw_async.energy.stepcost import DEFAULT_CONTEXT_COST
+
+    return finalize(copy, attribution="steps", context_cost=DEFAULT_CONTEXT_COST).records
+
+
 def cut_scores(run: Path, workdir: Path, fraction: float, whole: pl.DataFrame) -> tuple[Score, Score]:
     """The default rule's score on a cut of ``run`` (:func:`cut`) over the requests that ended
     before it stopped sending, warm-up included (most of an early cut's), and the whole run's
     (``whole``: its finished records) on them."""
-    from ipw_async import finalize
-    from ipw_async.energy.stepcost import DEFAULT_CONTEXT_COST
-
     copy, until = cut(run, workdir, fraction)
-    records = finalize(copy, attribution="steps", context_cost=DEFAULT_CONTEXT_COST).records
+    records = by_default(copy)
     ended = records.filter(pl.col("closed_ns") <= until).get_column("request_id").to_list()
     ref = reference(run)
     scored = {q: ref[q] for q in ended if q in ref}
     return score(records, scored, warmup=True), score(whole, scored, warmup=True)
+
+
+def without_counter(run: Path, workdir: Path, quantity: str) -> Path:
+    """A copy of ``run``'s directory whose GPUs read only their power ``quantity``
+    (``avg_power_w`` or ``power_w``): the energy column and the other power column dropped,
+    each GPU meter in ``run.json`` a power meter of that quantity."""
+    from ipw_async.rundir.files import read_arrow
+
+    copy = workdir / f"{run.parent.name}-{run.name}-{quantity}"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(run / "run", copy)
+    for path in copy.rglob("*"):
+        path.chmod(0o644 if path.is_file() else 0o755)
+    manifest = json.loads((copy / "run.json").read_text())
+    gpus = [m for m in manifest["telemetry"]["meters"] if m["accelerator"]]
+    other = "power_w" if quantity == "avg_power_w" else "avg_power_w"
+    drop = [f"{m['channel']}.{c}" for m in gpus for c in ("energy_j", other)]
+    telemetry = read_arrow(copy / "telemetry.arrow")
+    telemetry.drop([c for c in drop if c in telemetry.columns]).write_ipc_stream(copy / "telemetry.arrow")
+    for meter in gpus:
+        meter.update(kind="power", power_quantity=quantity, grids=[])
+    (copy / "run.json").write_text(json.dumps(manifest))
+    (copy / "summary.json").unlink(missing_ok=True)
+    return copy
+
+
+def power_scores(run: Path, workdir: Path) -> list[tuple[str, Score]]:
+    """The default rule's score on ``run`` read without its counter (:func:`without_counter`),
+    from its GPU's average power and from its instant power."""
+    ref = reference(run)
+    return [
+        (name, score(by_default(without_counter(run, workdir, quantity)), ref))
+        for quantity, name in (("avg_power_w", "its 1 s average"), ("power_w", "its instant field"))
+    ]
 
 
 SHIFTS_MS = range(-40, 45, 5)  # the meter shifts the rebuild tries, ms
@@ -437,6 +481,11 @@ def main() -> None:
         default="",
         help="also score each run cut short at these shares of its sending span, comma-separated (e.g. 0.25,0.5)",
     )
+    ap.add_argument(
+        "--without-counter",
+        action="store_true",
+        help="also score each run read from its GPU's averaged power, and from its instant power, without its counter",
+    )
     args = ap.parse_args()
     runs = trace_runs(args.traces)
     if not runs:
@@ -481,6 +530,11 @@ def main() -> None:
                         )
                         if rebuildable(run):
                             print(f"{'':28s} {against_rebuilt(run, records, model['static_w'])}")
+                    for name, power in power_scores(run, Path(tmp)) if args.without_counter else []:
+                        print(
+                            f"{'':28s} without its counter, from {name}: p50 {power.p50:.1%} p95 {power.p95:.1%} "
+                            f"bias {power.bias:+.1%} Σ/Σref {power.sum_ratio:.3f}, band {_band(power)}"
+                        )
                     for fraction in (float(c) for c in args.cuts.split(",") if c):
                         short, same = cut_scores(run, Path(tmp), fraction, records)
                         print(

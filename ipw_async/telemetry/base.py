@@ -40,11 +40,15 @@ AVERAGE_WINDOW_NS = 1e9
 
 
 def power_quantity(channel: str, columns: list[str]) -> Quantity:
-    """The power a channel's meter integrates where it must: instant where the log has it,
-    else the device's average."""
-    if f"{channel}.{Quantity.POWER_W}" in columns or f"{channel}.{Quantity.AVG_POWER_W}" not in columns:
-        return Quantity.POWER_W
-    return Quantity.AVG_POWER_W
+    """The power a channel's meter integrates where it must: the device's own average where
+    the log has it (placed a window late), else its instant power. An average is an integral
+    of what the device drew; an instant field is a point value, on an H100 refreshed every
+    100 ms, and read every 50 ms it samples 10–20 ms steps as chance has it. Read without their
+    counter, the real H100 runs' requests erred 6.0% at p95 (c128) from the average, 32% from
+    the instant field (Poisson: 14% and 43%; c8: 3.2% and 7.0%)."""
+    if f"{channel}.{Quantity.AVG_POWER_W}" in columns:
+        return Quantity.AVG_POWER_W
+    return Quantity.POWER_W
 
 
 def time_column(source: str) -> str:

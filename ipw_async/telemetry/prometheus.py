@@ -3,7 +3,7 @@ Exporter and the server's /metrics.
 
 DCGM exporter's total-energy field (mJ) and AMD's (µJ) become a counter meter per GPU, like
 NVML's, and their power field the power column (DCGM's ``POWER_USAGE`` is NVML's power usage,
-the last second's average on Ampere and newer: its instant field is taken where it is exported); clocks and throttle reasons are logged beside. An inference server's own gauges and counters (vLLM's, llama.cpp's,
+the last second's average on Ampere and newer, and taken before the instant field); clocks and throttle reasons are logged beside. An inference server's own gauges and counters (vLLM's, llama.cpp's,
 SGLang's: requests running and waiting, tokens, cache use) go into the telemetry log beside
 them. A scrape carries no time of its own, so a reading is timed to the middle of the scrape
 (the sampler's rule), and a counter the exporter refreshes slowly is re-timed by its learned
@@ -135,8 +135,8 @@ class PrometheusSource(CountedSource):
                 "llama.cpp or SGLang server's)"
             )
         self._columns = sorted(values)
-        # a meter per GPU with energy (a counter) or power (integrated): the power it shows
-        # beside is instant where the exporter has it, else the device's average
+        # a meter per GPU with energy (a counter) or power (integrated), whose power is the
+        # device's average where the exporter has it, else its instant power
         metered = (Quantity.ENERGY_J, Quantity.POWER_W, Quantity.AVG_POWER_W)
         channels = dict.fromkeys(c.rsplit(".", 1)[0] for c in self._columns if c.rsplit(".", 1)[1] in metered)
         meters = []

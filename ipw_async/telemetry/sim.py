@@ -6,8 +6,25 @@ from __future__ import annotations
 import json
 
 from .._clock import now_ns
-from .base import CountedSource, CounterTracker, Meter, Quantity, Reading, SourceInfo, SourceUnavailable
+from .base import (
+    CountedSource,
+    CounterTracker,
+    Meter,
+    Quantity,
+    Reading,
+    SourceInfo,
+    SourceUnavailable,
+    power_quantity,
+)
 from .http import ERRORS, KeptAlive, endpoint
+
+# what /sim/device reports, as the columns it becomes
+_FIELDS = {
+    "energy_mj": Quantity.ENERGY_J,
+    "power_w": Quantity.POWER_W,
+    "avg_power_w": Quantity.AVG_POWER_W,
+    "temperature_c": Quantity.TEMP_C,
+}
 
 
 class SimDeviceSource(CountedSource):
@@ -33,21 +50,13 @@ class SimDeviceSource(CountedSource):
             first = self._fetch()
         except (*ERRORS, ValueError) as exc:
             raise SourceUnavailable(f"no simulated device at {self._http.endpoint.label} ({exc})") from None
-        self._columns = []
+        self._columns = [f"sim.{quantity}" for key, quantity in _FIELDS.items() if first.get(key) is not None]
+        # a counter where it has one, else its power integrated: the one a GPU's would be
+        kind = "counter" if first.get("energy_mj") is not None else "power"
         meters = []
-        if first.get("energy_mj") is not None:
-            self._columns.append(f"sim.{Quantity.ENERGY_J}")
-            meters.append(Meter("sim", "counter", accelerator=True))
-        if first.get("power_w") is not None:
-            self._columns.append(f"sim.{Quantity.POWER_W}")
-        if first.get("avg_power_w") is not None:
-            self._columns.append(f"sim.{Quantity.AVG_POWER_W}")
-        if first.get("temperature_c") is not None:
-            self._columns.append(f"sim.{Quantity.TEMP_C}")
-        if not meters and f"sim.{Quantity.POWER_W}" in self._columns:
-            meters.append(Meter("sim", "power", accelerator=True))
-        elif not meters and f"sim.{Quantity.AVG_POWER_W}" in self._columns:
-            meters.append(Meter("sim", "power", accelerator=True, power_quantity=Quantity.AVG_POWER_W))
+        if kind == "counter" or first.get("power_w") is not None or first.get("avg_power_w") is not None:
+            quantity = power_quantity("sim", self._columns)
+            meters.append(Meter("sim", kind, accelerator=True, power_quantity=quantity))
         return SourceInfo(
             columns=self._columns,
             meters=meters,
@@ -60,13 +69,13 @@ class SimDeviceSource(CountedSource):
             raw = self._fetch()
         except (*ERRORS, ValueError):
             return Reading({c: None for c in self._columns})
-        energy_mj = raw.get("energy_mj")
         values: dict[str, float | None] = {
-            f"sim.{Quantity.ENERGY_J}": None if energy_mj is None else self.counter.update(energy_mj / 1000),
-            f"sim.{Quantity.POWER_W}": raw.get("power_w"),
-            f"sim.{Quantity.AVG_POWER_W}": raw.get("avg_power_w"),
-            f"sim.{Quantity.TEMP_C}": raw.get("temperature_c"),
+            f"sim.{quantity}": raw.get(key) for key, quantity in _FIELDS.items()
         }
+        energy_mj = raw.get("energy_mj")
+        values[f"sim.{Quantity.ENERGY_J}"] = (
+            None if energy_mj is None else self.counter.update(energy_mj / 1000)
+        )
         t = raw.get("t_ns")
         return Reading(
             {c: values.get(c) for c in self._columns},
