@@ -68,8 +68,8 @@ async def test_the_engine_s_own_steps_split_the_meter_to_its_resolution(tmp_path
     assert _p95(known["inferred steps"], truth["requests"], ids) < 0.2
     equal = _energy(finalize(result.run_dir, attribution="equal").records)
     own = _energy(finalize(result.run_dir).records)
-    # 40 requests: eight runs of this scenario scored 7.7-18.0% (the same at 8901052 and the
-    # commit before it), the run's own spread; the equal split, 40-55%
+    # 40 requests: eight runs of this scenario scored 7.7-18.0%, alike finalized by fcacfc0 and
+    # by 6a254e0 (the run's own spread); the equal split, 40-55%
     assert _p95(own, truth["requests"], ids) < min(0.22, _p95(equal, truth["requests"], ids) / 2)
     # the default rule over the engine's own steps splits the same meter energy, and the engine's
     # steps (a prompt's chunks where they ran) take it nearer the truth than equal shares
