@@ -385,8 +385,11 @@ def _lag_earned(fits: list[StepCost]) -> StepCost:
     if none.held_out_residuals is None or not lagged:
         return none  # too few intervals to say the meter lags
     best = min(lagged, key=lambda f: f.held_out_error or 0.0)
-    assert best.held_out_residuals is not None
-    return best if predicts_better(best.held_out_residuals, none.held_out_residuals, len(lagged)) else none
+    if best.held_out_residuals is None or not predicts_better(
+        best.held_out_residuals, none.held_out_residuals, len(lagged)
+    ):
+        return none
+    return best
 
 
 def _bag(cost: StepCost, problem: Problem, x: np.ndarray, resampled: list[tuple[float, np.ndarray]]) -> None:
