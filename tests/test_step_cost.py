@@ -392,7 +392,7 @@ BAND = {"h100-8b-graphs/c8": 0.06, "h100-8b-graphs/c128": 0.095, "h100-8b-graphs
 
 
 # ... and against the reference rebuilt at the run's measured idle, the static the device drew
-# between steps inside each run (2.1 / 3.2 / 3.4%)
+# between steps inside each run (2.2 / 3.1 / 3.4%)
 REACHED_AT_IDLE = {"h100-8b-graphs/c8": 0.023, "h100-8b-graphs/c128": 0.034, "h100-8b-graphs/pois": 0.036}
 needs_traces = pytest.mark.skipif(
     not TRACES.is_dir(), reason="the real traces (../shared/traces) are not beside this clone"
