@@ -484,9 +484,9 @@ def test_without_its_counter_a_real_h100_is_read_from_the_power_it_averaged(tmp_
 
 def test_the_meter_lag_is_none_unless_held_out_intervals_call_for_it() -> None:
     """Each lag's fit is held out in stretches; a lag is taken only where it predicts them
-    better by the test a power model's effect must pass (by 2% and significantly), the best of
-    those that do, else none: noise that favours a lag by a hair, or a few intervals that
-    favour it where most do not, picks none."""
+    better by 2% of the error and on more intervals than it predicts worse, the best of those
+    that do, else none: noise that favours a lag by a hair, or a few intervals that favour it
+    where most do not, picks none."""
     rng = np.random.default_rng(5)
     noise = rng.normal(size=300)
 

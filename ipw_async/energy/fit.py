@@ -139,17 +139,19 @@ def _rmse(errors: np.ndarray) -> float:
     return float(np.sqrt(np.mean(errors**2)))
 
 
-def predicts_better(richer: np.ndarray, simpler: np.ndarray, tried: int = 1) -> bool:
+def predicts_better(
+    richer: np.ndarray, simpler: np.ndarray, tried: int = 1, significance: float = SIGNIFICANCE
+) -> bool:
     """Whether ``richer`` predicts held-out intervals better: by MIN_GAIN of the error, by more
     than a meter's own resolution, and interval by interval more often than chance would (a
-    one-sided signed-rank test: a mean of squares is ruled by the few worst intervals), chance
-    over the ``tried`` candidates it was the best of (Bonferroni)."""
+    one-sided signed-rank test at ``significance``: a mean of squares is ruled by the few worst
+    intervals), chance over the ``tried`` candidates it was the best of (Bonferroni)."""
     if not (_rmse(richer) < (1 - MIN_GAIN) * _rmse(simpler) and _rmse(simpler) - _rmse(richer) > RESOLUTION):
         return False
     gain = np.abs(simpler) - np.abs(richer)
     if not gain.any():
         return False
-    return float(wilcoxon(gain, alternative="greater").pvalue) < SIGNIFICANCE / tried
+    return float(wilcoxon(gain, alternative="greater").pvalue) < significance / tried
 
 
 def _model(problem: Problem, chosen: Fit, notes: list[str]) -> PowerModel:
