@@ -45,7 +45,7 @@ def power_quantity(channel: str, columns: list[str]) -> Quantity:
     of what the device drew; an instant field is a point value, on an H100 refreshed every
     100 ms, and read every 50 ms it samples 10–20 ms steps as chance has it. Read without their
     counter, the real H100 runs' requests erred 6.0% at p95 (c128) from the average, 32% from
-    the instant field (Poisson: 14% and 35%; c8: 3.2% and 7.0%)."""
+    the instant field (Poisson: 14% and 31%; c8: 3.2% and 7.0%)."""
     if f"{channel}.{Quantity.AVG_POWER_W}" in columns:
         return Quantity.AVG_POWER_W
     return Quantity.POWER_W
