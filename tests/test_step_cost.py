@@ -387,12 +387,12 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 # Poisson run's 8.8% before the costs were bagged rested on one step: read as after idle or
 # not, it flipped a prompt's forward in or out of the chosen costs, 8.8 or 10.4%.)
 REACHED = {"h100-8b-graphs/c8": 0.016, "h100-8b-graphs/c128": 0.029, "h100-8b-graphs/pois": 0.092}
-# the band's median half-width there (5.5 / 9.2 / 14.2%): the bar is 15%
+# the band's median half-width there (5.5 / 9.0 / 14.2%): the bar is 15%
 BAND = {"h100-8b-graphs/c8": 0.06, "h100-8b-graphs/c128": 0.095, "h100-8b-graphs/pois": 0.145}
 
 
 # ... and against the reference rebuilt at the run's measured idle, the static the device drew
-# between steps inside each run (2.2 / 3.1 / 3.4%)
+# between steps inside each run (2.1 / 3.2 / 3.4%)
 REACHED_AT_IDLE = {"h100-8b-graphs/c8": 0.023, "h100-8b-graphs/c128": 0.034, "h100-8b-graphs/pois": 0.036}
 needs_traces = pytest.mark.skipif(
     not TRACES.is_dir(), reason="the real traces (../shared/traces) are not beside this clone"

@@ -81,8 +81,10 @@ class Cost:
     # its figure where the run is too short to fit any, a prompt token weighing the given
     # prefill weight: energy is then shared by token work
     fallback: Callable[[float], float] = _no_tokens
-    # the cost whose units this one's refine by a length (a padded row's by its attention
-    # length, a prompt token's by its position): the selection keeps it only with that one
+    # the cost whose units this one's refine by a length (a prompt token's by its position):
+    # the selection keeps it only with that one. Not a padded row's by its attention length:
+    # where batches pad alike, a padded row's cost is the step's own, and the length is what
+    # varies (a simulated H100 at c=16 and a 500 ms counter: 2.0% at p95, 5.1% with the rule)
     refines: str | None = None
 
 
@@ -116,7 +118,6 @@ COSTS = (
         "per_padded_row_ktoken_j",
         lambda s: _on_first_decoder(s, _recorded_steps(s.padded_rows * s.padded_length / 1000, s)),
         CONTEXT_COSTS,
-        refines="per_padded_row_j",
     ),
     Cost("per_decode_token_j", lambda s: s.entry_decode, fallback=lambda _: 1.0),
     Cost("per_context_ktoken_j", lambda s: _recorded(s.entry_context, s), ("shared",)),
@@ -486,8 +487,8 @@ def _selected(problem: Problem, x: np.ndarray, rows: np.ndarray) -> tuple[float,
     that another refines (:attr:`Cost.refines`) is left out only after it (the marginality of
     linear models): over the first half of the real c128 run, resamplings that kept a prompt
     token's cost by its position and left its plain cost out made the mean charge 3.1 J a
-    forward and 0.009 J a token (the GPU: 1.1 J and 0.019 J; p95 4.4%); kept together, 1.2 J and
-    0.016 J (1.6%)."""
+    forward and 0.009 J a token (the GPU: 1.1 J and 0.019 J; p95 4.4%); kept together, 0.65 J and
+    0.018 J (1.4%)."""
     subsets = _Subsets(problem, x, rows)
     static, costs, current = _marginal_fit(subsets, np.ones(x.shape[1], dtype=bool))
     while (kept := costs > 0).any():
