@@ -123,17 +123,23 @@ def score(records: pl.DataFrame, ref: dict[int, float], warmup: bool = False) ->
     )
 
 
+def copied(run: Path, workdir: Path, name: str) -> Path:
+    """A writable copy of ``run``'s run directory in ``workdir`` (the traces are read-only)."""
+    copy = workdir / f"{run.parent.name}-{run.name}-{name}"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(run / "run", copy)
+    for path in copy.rglob("*"):
+        path.chmod(0o644 if path.is_file() else 0o755)
+    return copy
+
+
 def finalized(run: Path, workdir: Path, rule: str | None) -> tuple[pl.DataFrame, dict]:
     """A copy of ``run``'s directory finalized with ``rule`` (None: the rule the run recorded,
     ``fitted`` for these runs, the default before ``steps``): its records and summary."""
     from ipw_async import finalize
     from ipw_async.energy.stepcost import DEFAULT_CONTEXT_COST
 
-    copy = workdir / f"{run.parent.name}-{run.name}-{rule or 'default'}"
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(run / "run", copy)
-    for path in copy.rglob("*"):
-        path.chmod(0o644 if path.is_file() else 0o755)
+    copy = copied(run, workdir, rule or "default")
     # the runs predate --context-cost and would keep the reading they had: today's default instead
     result = finalize(copy, attribution=rule, context_cost=DEFAULT_CONTEXT_COST)
     return result.records, result.summary
@@ -146,11 +152,7 @@ def cut(run: Path, workdir: Path, fraction: float) -> tuple[Path, int]:
     server before that time is in the copy, so a fit to its intervals knows all their work."""
     from ipw_async.rundir.files import read_arrow
 
-    copy = workdir / f"{run.parent.name}-{run.name}-cut{fraction:g}"
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(run / "run", copy)
-    for path in copy.rglob("*"):
-        path.chmod(0o644 if path.is_file() else 0o755)
+    copy = copied(run, workdir, f"cut{fraction:g}")
     # a run of format 2 and later keeps its measured records apart from the finished ones
     kept = [copy / name for name in ("measured.arrow", "records.arrow") if (copy / name).is_file()]
     sent = read_arrow(kept[0]).get_column("sent_ns")
@@ -190,11 +192,7 @@ def without_counter(run: Path, workdir: Path, quantity: str) -> Path:
     each GPU meter in ``run.json`` a power meter of that quantity."""
     from ipw_async.rundir.files import read_arrow
 
-    copy = workdir / f"{run.parent.name}-{run.name}-{quantity}"
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(run / "run", copy)
-    for path in copy.rglob("*"):
-        path.chmod(0o644 if path.is_file() else 0o755)
+    copy = copied(run, workdir, quantity)
     manifest = json.loads((copy / "run.json").read_text())
     gpus = [m for m in manifest["telemetry"]["meters"] if m["accelerator"]]
     other = "power_w" if quantity == "avg_power_w" else "avg_power_w"
