@@ -8,7 +8,9 @@ import fcntl
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,29 @@ async def stream_record(events: list[tuple[int, bytes]], end_ns: int | None = No
     """A record filled from a scripted event stream, each event in its own chunk at its time."""
     record, _ = await scripted_send(Reply.sse(events, end_ns=end_ns))
     return record
+
+
+@contextlib.contextmanager
+def metrics_exporter(body: bytes) -> Iterator[tuple[str, list[str]]]:
+    """A metrics exporter stand-in on loopback serving ``body`` (Prometheus text) to every GET:
+    its root URL, and the targets it was asked for."""
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()

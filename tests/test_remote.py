@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -30,7 +29,7 @@ from ipw_async.telemetry import OpenSource
 from ipw_async.telemetry.prometheus import PrometheusSource, parse
 from ipw_async.telemetry_agent import READ_INTERVAL_S, AgentProcess, AgentServer
 
-from .conftest import fast_engine, quick_config
+from .conftest import fast_engine, metrics_exporter, quick_config
 from .test_sources import FakeGpu, nvml_source
 
 # agents' clock offsets, round trips and gaps are measured here: no other test beside them
@@ -191,26 +190,13 @@ DCGM_FI_DEV_POWER_USAGE{gpu="1",modelName="NVIDIA H100 80GB HBM3"} 398.0
 DCGM_FI_DEV_POWER_USAGE_INSTANT{gpu="1",modelName="NVIDIA H100 80GB HBM3"} 455.0
 """
 
-    class Exporter(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(text)))
-            self.end_headers()
-            self.wfile.write(text)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    source = PrometheusSource(f"http://127.0.0.1:{server.server_address[1]}/metrics")
-    try:
-        info = source.open()
-        reading = source.read()
-    finally:
-        source.close()
-        server.shutdown()
-        server.server_close()
+    with metrics_exporter(text) as (root, _):
+        source = PrometheusSource(f"{root}/metrics")
+        try:
+            info = source.open()
+            reading = source.read()
+        finally:
+            source.close()
     meters = {m.channel.split("@")[0]: m for m in info.meters}
     assert [(m.kind, m.power_quantity, m.window_ns) for m in meters.values()] == [
         ("counter", "avg_power_w", 0.0),  # the counter's energy is the device's own, unshifted

@@ -8,9 +8,7 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,7 @@ from ipw_async.telemetry import RemoteAccess
 from ipw_async.telemetry.http import in_clear, redact_url, redact_urls
 from ipw_async.telemetry.prometheus import PrometheusSource
 
-from .conftest import finished_short_run
+from .conftest import finished_short_run, metrics_exporter
 
 
 @pytest.mark.parametrize(
@@ -107,28 +105,8 @@ def test_credentials_over_plain_http_beyond_loopback_are_said_once() -> None:
 @pytest.fixture
 def exporter() -> Iterator[tuple[str, list[str]]]:
     """A DCGM exporter stand-in on loopback: its root URL, and the targets it was asked for."""
-    asked: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            asked.append(self.path)
-            body = b'DCGM_FI_DEV_POWER_USAGE{gpu="0"} 120.5\n'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", asked
-    finally:
-        server.shutdown()
-        server.server_close()
+    with metrics_exporter(b'DCGM_FI_DEV_POWER_USAGE{gpu="0"} 120.5\n') as served:
+        yield served
 
 
 def test_a_metrics_url_query_is_sent_as_given_and_shown_redacted(exporter: tuple[str, list[str]]) -> None:
