@@ -154,7 +154,7 @@ class GpuLibrarySource(CountedSource):
             if kind is None:
                 caveats.append(f"no power reading on {channel}")
                 continue
-            quantity = power_quantity(channel, columns)  # only averaged: integrated a window late
+            quantity = power_quantity(channel, columns)  # an average is integrated a window late
             meters.append(Meter(channel=channel, kind=kind, accelerator=True, power_quantity=quantity))
             if kind == "power":
                 caveats.append(f"no energy counter on {channel}, power integrated")
