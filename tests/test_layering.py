@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).parent.parent / "ipw_async"
 
 
@@ -202,10 +204,11 @@ def test_one_module_reads_the_run_directorys_files() -> None:
     assert readers == {"ipw_async.rundir.read"}
 
 
-def test_the_analysis_package_lists_each_public_name_once_everywhere() -> None:
-    """``analysis/__init__`` names its exports three times (the lazy table, ``__all__``, the
-    imports type checkers read): all three must agree."""
-    tree = ast.parse((PACKAGE / "analysis" / "__init__.py").read_text())
+@pytest.mark.parametrize("init", ["__init__.py", "analysis/__init__.py"])
+def test_a_lazy_package_lists_each_public_name_once_everywhere(init: str) -> None:
+    """``ipw_async`` and ``analysis`` name their exports three times (the lazy table,
+    ``__all__``, the imports type checkers read): all three must agree."""
+    tree = ast.parse((PACKAGE / init).read_text())
     table = next(n.value for n in tree.body if isinstance(n, ast.AnnAssign) and n.target.id == "_EXPORTS")  # type: ignore[union-attr]
     lazy = {k.value: f".{v.value}" for k, v in zip(table.keys, table.values, strict=True)}  # type: ignore[union-attr, attr-defined]
     listed = next(n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "__all__")  # type: ignore[attr-defined]
