@@ -201,6 +201,8 @@ def _telemetry_rows(table: Table, telemetry: dict[str, Any], energy: dict[str, A
     said = [f"sampler p99 {late:.1f} ms late"]
     if sampler.get("cpu_share") is not None:
         said[0] += f", {sampler['cpu_share']:.1%} of a core"
+    if sampler.get("runs_in") == "process":
+        said[0] += " in its own process"
     if sampler.get("skipped_ticks"):
         skipped = sampler["skipped_ticks"]
         said.append(f"[yellow]{skipped:,} {'tick' if skipped == 1 else 'ticks'} skipped[/]")

@@ -191,23 +191,27 @@ def test_a_second_signal_while_unwinding_kills_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("sig", "workers"),
+    ("sig", "workers", "sampler"),
     [
-        pytest.param(signal.SIGINT, "1", id="SIGINT"),
-        pytest.param(signal.SIGTERM, "1", id="SIGTERM"),
-        pytest.param(signal.SIGHUP, "2", id="SIGHUP-2-workers"),  # workers ignore it: the run stops them
+        pytest.param(signal.SIGINT, "1", "thread", id="SIGINT"),
+        pytest.param(signal.SIGTERM, "1", "thread", id="SIGTERM"),
+        pytest.param(signal.SIGHUP, "2", "thread", id="SIGHUP-2-workers"),  # workers ignore it: the run stops them
+        pytest.param(signal.SIGINT, "1", "process", id="SIGINT-sampler-process"),  # its own session: the run ends it
     ],
 )
 def test_a_background_run_stops_and_finishes_its_directory(
-    tmp_path: Path, start: Start, sig: signal.Signals, workers: str
+    tmp_path: Path, start: Start, sig: signal.Signals, workers: str, sampler: str
 ) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "stderr.log"
     proc = start(
         log, "run", "-c", "4", "--duration", "300", "--baseline-s", "0", "--workers", workers,
-        "--no-dashboard", "-o", run_dir,
+        "--sampler", sampler, "--no-dashboard", "-o", run_dir,
     )  # fmt: skip
     _wait_for(lambda: _has_records(run_dir / files.MEASURED), proc, "measuring")
-    children = psutil.Process(proc.pid).children(recursive=True)  # the simulator, the workers
+    # the simulator, the workers, the sampler's process
+    children = psutil.Process(proc.pid).children(recursive=True)
+    sampling = [c for c in children if "ipw_async.telemetry.sampler_child" in c.cmdline()]
+    assert len(sampling) == (sampler == "process")
     assert _stop(proc, sig) == 128 + sig, log.read_text()
     _, alive = psutil.wait_procs(children, timeout=5)
     assert not alive

@@ -39,6 +39,7 @@ _KEPT = {
     "trust_counter",
     "gpus",
     "sample_ms",
+    "sampler",
     "realtime_sampler",
     "counter_probe_s",
     "baseline_s",

@@ -10,6 +10,7 @@ from .._options import option
 from ..energy import RULES
 from ..energy.stepcost import CONTEXT_COSTS, DEFAULT_CONTEXT_COST
 from ..sim import SimConfig
+from ..telemetry.process import SAMPLER_PLACES
 from .kept import kept_as, urls_kept
 from .panels import ENERGY, OUTPUT, TELEMETRY
 
@@ -97,6 +98,18 @@ class MeasureOptions:
     )
     sample_ms: float = field(
         default=50.0, metadata=option("Telemetry sampling period in milliseconds.", panel=TELEMETRY)
+    )
+    sampler: str = field(
+        default="auto",
+        metadata=option(
+            "Where telemetry is read: process (a process of its own, started in about a second: its "
+            "reads and counter probes take no CPU and no interpreter time from the client), thread "
+            "(a thread of the run's process), or auto (a process where a GPU is read through NVML "
+            "or AMD SMI, whose every read costs milliseconds of a CPU; a thread otherwise). A "
+            "source read through an agent or an exporter keeps the sampler a thread.",
+            panel=TELEMETRY,
+            choices=SAMPLER_PLACES,
+        ),
     )
     realtime_sampler: bool = field(
         default=True,

@@ -28,6 +28,7 @@ from ..sim import SimulatorProcess
 from ..state import Phase, RunState
 from ..telemetry import Sampler, TelemetrySetup
 from ..telemetry.http import redact_url
+from ..telemetry.process import SamplerProcessError, sampler_place
 from ..workload import Workload
 from ..workload.body import BodyDefaults
 from ..workload.replay import trace_of
@@ -112,6 +113,11 @@ class RunOpening:
         state = self._state(telemetry, run_dir)
         ending = Ending()
         sampler, checks = self._meters(telemetry, t0, ending)
+        stack.callback(sampler.close)
+        try:
+            await sampler.start()
+        except SamplerProcessError as exc:
+            raise RunError(str(exc)) from None
         manifest = reports.manifest(
             config, spec, self.workload, anchor, server.model, server.base_url, telemetry, sampler
         )
@@ -196,12 +202,16 @@ class RunOpening:
     def _meters(self, telemetry: TelemetrySetup, t0: int, ending: Ending) -> tuple[Sampler, CounterChecks]:
         """The sampler over the opened sources, and the check of their energy counters."""
         config = self.config
+        process, why = sampler_place(config.sampler, telemetry.opened)
+        if config.sampler == "process" and not process:
+            self.note(f"note: the sampler runs as a thread: {why}")
         sampler = Sampler(
             telemetry.opened,
             config.sample_ms / 1000,
             t0,
             realtime=config.realtime_sampler,
             probe_s=config.counter_probe_s,
+            process=process,
         )
         checks = CounterChecks(sampler, config.trust_counter, self.note, ending.counters_distrusted)
         if self.resume is not None:  # a counter an earlier session found faulty stays distrusted

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import Meter, Quantity, Reading, SourceInfo, SourceUnavailable, TelemetrySource
+from .base import Meter, OpenSource, Quantity, Reading, SourceInfo, SourceUnavailable, TelemetrySource
 from .http import redact_url
 from .prometheus import PrometheusSource
 from .remote import Agent
-from .sampler import OpenSource, Sampler, TelemetryLog
+from .sampler import Sampler, TelemetryLog
 from .sim import SimDeviceSource
 from .sources import available_source_names, make_source
 

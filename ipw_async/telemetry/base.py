@@ -154,6 +154,9 @@ class TelemetrySource(abc.ABC):
     """
 
     name: str
+    # how another process opens the same source (:func:`.sources.from_recipe`); None for one
+    # that cannot be opened twice (an agent's stream, an exporter) or was made by hand
+    recipe: dict[str, Any] | None = None
 
     @abc.abstractmethod
     def open(self) -> SourceInfo: ...
@@ -186,6 +189,14 @@ class TelemetrySource(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - most sources hold nothing to release
         pass
+
+
+@dataclass
+class OpenSource:
+    """A source and what it said it reads when it opened."""
+
+    source: TelemetrySource
+    info: SourceInfo
 
 
 class CounterTracker:

@@ -18,7 +18,7 @@ import polars as pl
 from .._clock import NS, now_ns
 from .._realtime import ask_realtime
 from ..stats import distribution
-from .base import Meter, Reading, SourceInfo, TelemetrySource, read_time, time_column, timed_read
+from .base import Meter, OpenSource, Reading, read_time, time_column, timed_read
 from .cadence import (
     CLEARANCE_STEP_NS,
     PIN_PATIENCE,
@@ -30,12 +30,7 @@ from .cadence import (
     learn_grid,
     settled,
 )
-
-
-@dataclass
-class OpenSource:
-    source: TelemetrySource
-    info: SourceInfo
+from .process import SamplerProcess, SamplerProcessError, grids_of
 
 
 class TelemetryLog:
@@ -103,6 +98,7 @@ class SamplerQuality:
     lateness_ms: dict[str, float | int | None] = field(default_factory=dict)
     read_latency_ms: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     scheduling: str = "normal"  # the sampler thread's: "real-time", or "normal" and why
+    runs_in: str = "thread"  # of the run's process, or "process" (a process of its own)
     # per meter: the longest time between two of its readings (a hung agent, skipped ticks)
     # beside its counter's update period, which a gap longer than blurs
     gaps: dict[str, dict[str, float | None]] = field(default_factory=dict)
@@ -167,6 +163,7 @@ class Sampler:
         realtime: bool = True,
         probe_s: float = 1.0,
         on_row: Callable[[dict[str, float | int | None]], None] | None = None,
+        process: bool = False,
     ) -> None:
         self.period_ns = int(period_s * NS)
         self.t0_ns = t0_ns
@@ -188,6 +185,11 @@ class Sampler:
         ]
         self._on_row = on_row  # called on the sampler's thread with each row logged
         self.distrusted: dict[str, str] = {}  # counter channel -> why its power is used instead
+        # the ticks in a process of their own (:mod:`.process`), and what it last said
+        self.process = process
+        self.pid: int | None = None  # that process's, once started
+        self._child: SamplerProcess | None = None
+        self._child_events: dict[str, dict[str, int]] = {}
 
     def distrust(self, channel: str, reason: str) -> None:
         """Integrate this counter meter's power from now on, for ``reason``."""
@@ -217,6 +219,8 @@ class Sampler:
 
     def counter_events(self) -> dict[str, dict[str, int]]:
         """Resets and wraps of every energy counter so far, by channel (none: not listed)."""
+        if self.process:
+            return dict(self._child_events)
         return {
             ch: ev for s in self._sources for ch, ev in s.source.counter_events().items() if any(ev.values())
         }
@@ -260,9 +264,31 @@ class Sampler:
         if self._on_row is not None:
             self._on_row(row)
 
-    async def sample_once(self) -> None:
+    def reading_now(self) -> dict[str, float | int | None]:
+        """Every source read once now, as a row (blocking: off the loop)."""
         t = now_ns()
-        self._append(self._row(t, t, await asyncio.to_thread(self._read_all)))
+        return self._row(t, t, self._read_all())
+
+    async def start(self) -> None:
+        """Start the sampler's own process, where it has one, its sources opened there: the
+        run's first tick then does not wait for it (raises why it cannot start)."""
+        if self.process and self._child is None and self._sources:
+            child = SamplerProcess(
+                self._sources, self.period_ns / NS, self.t0_ns, self.realtime, self.probe_ns / NS
+            )
+            await asyncio.to_thread(child.start)
+            self._child, self.pid = child, child.pid
+
+    def close(self) -> None:
+        """End the sampler's own process, where it is still there (a run that never sampled)."""
+        if self._child is not None:
+            self._child.stop()
+
+    async def sample_once(self) -> None:
+        """One reading now: the run's last. A sampler in its own process took it as it ended."""
+        if self.process and self.pid is not None:
+            return
+        self._append(await asyncio.to_thread(self.reading_now))
 
     async def run(self) -> None:
         """Sample until cancelled; the caller takes a final sample after the last request."""
@@ -271,6 +297,8 @@ class Sampler:
         loop = asyncio.get_running_loop()
         failed: asyncio.Future[None] = loop.create_future()
         stop = threading.Event()
+        await self.start()
+        child = self._child
 
         def fail(exc: BaseException) -> None:
             if not failed.done():
@@ -278,24 +306,48 @@ class Sampler:
 
         def ticks() -> None:
             try:
-                self._ticks(stop)
+                if child is None:
+                    self.tick(stop)
+                else:
+                    child.follow(self._take)
             except BaseException as exc:  # surfaces in the task, as an on-loop read would
                 loop.call_soon_threadsafe(fail, exc)
 
         ticker = threading.Thread(target=ticks, name="ipw-async-sampler", daemon=True)
-        _switch_interval.hold()
+        if child is None:
+            _switch_interval.hold()
         ticker.start()
         try:
             await failed
         finally:
             stop.set()
+            if child is not None:
+                child.end()  # its last reading, then its output ends
             try:
                 await asyncio.to_thread(ticker.join)
             finally:
                 ticker.join()  # cancelled again: wait here, never leave it reading
-                _switch_interval.release()
+                if child is None:
+                    _switch_interval.release()
+                else:
+                    child.stop()
 
-    def _ticks(self, stop: threading.Event) -> None:
+    def _take(self, message: dict[str, Any]) -> None:
+        """One message of the sampler's process: a row with what changed, or its end."""
+        if "error" in message:
+            raise SamplerProcessError(message["error"])
+        for channel, new in grids_of(message).items():
+            self.grids.setdefault(channel, []).extend(new)
+        if "events" in message:
+            self._child_events = message["events"]
+        if "row" in message:
+            self.skipped, self.scheduling = message["skipped"], message["scheduling"]
+            self._append(message["row"])
+        if "end" in message:
+            self.cpu_s, self.cpu_share = message["end"]["cpu_s"], message["end"]["cpu_share"]
+
+    def tick(self, stop: threading.Event) -> None:
+        """Read every source at each deadline on the calling thread until ``stop``."""
         cpu = time.thread_time()
         start = now_ns()
         try:
@@ -424,6 +476,7 @@ class Sampler:
             lateness_ms=ms("lateness_ns"),
             read_latency_ms={s.source.name: ms(f"{s.source.name}.read_ns") for s in self._sources},
             scheduling=self.scheduling,
+            runs_in="process" if self.process else "thread",
             gaps={m.channel: self._gap(m) for m in self.meters},
             cpu_s=self.cpu_s,
             cpu_share=self.cpu_share,

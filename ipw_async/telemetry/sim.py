@@ -41,6 +41,7 @@ class SimDeviceSource(CountedSource):
         self.counter = CounterTracker()
         self.counters = {"sim": self.counter}  # its resets reach the summary and the counter check
         self._columns: list[str] = []
+        self.recipe = {"name": "sim", "root_url": root_url}
 
     def _fetch(self) -> dict[str, float | None]:
         return json.loads(self._http.get("/sim/device"))

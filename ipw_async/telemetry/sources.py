@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .amdsmi import AmdSmiSource
 from .base import TelemetrySource
@@ -10,6 +11,7 @@ from .cpu_model import CpuModelSource
 from .host import PsutilSource
 from .nvml import NvmlSource
 from .rapl import RaplSource
+from .sim import SimDeviceSource
 
 # A factory takes the GPU selection; sources that are not GPUs ignore it.
 SourceFactory = Callable[[Sequence[str] | None], TelemetrySource]
@@ -36,4 +38,14 @@ def make_source(name: str, *, gpus: Sequence[str] | None = None) -> TelemetrySou
         raise ValueError(
             f"unknown telemetry source {name!r}; valid names: {', '.join(available_source_names())}"
         ) from None
-    return factory(gpus)
+    source = factory(gpus)
+    source.recipe = {"name": name, "gpus": list(gpus) if gpus is not None else None}
+    return source
+
+
+def from_recipe(recipe: dict[str, Any]) -> TelemetrySource:
+    """The source a :attr:`TelemetrySource.recipe` describes, new and unopened (in the sampler's
+    own process, :mod:`.process`)."""
+    if recipe["name"] == "sim":
+        return SimDeviceSource(recipe["root_url"])
+    return make_source(recipe["name"], gpus=recipe["gpus"])

@@ -1,0 +1,102 @@
+"""The sampler in a process of its own: the same log, grids and figures as the thread, the
+client's interpreter left alone, and a child that never outlives its run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import psutil
+import pytest
+
+from ipw_async import run_benchmark
+from ipw_async._clock import now_ns
+from ipw_async.rundir import files
+from ipw_async.sim import SimulatorProcess
+from ipw_async.telemetry import OpenSource, Sampler, open_sources
+from ipw_async.telemetry.base import Meter, Reading, SourceInfo, TelemetrySource
+from ipw_async.telemetry.process import SamplerProcessError, sampler_place
+
+from .conftest import quick_config
+
+
+class Fixed(TelemetrySource):
+    """A source made by hand: it has no recipe to be opened again elsewhere."""
+
+    name = "fixed"
+
+    def open(self) -> SourceInfo:
+        return SourceInfo(columns=["fixed.power_w"], meters=[Meter("fixed", "power")])
+
+    def read(self) -> Reading:
+        return Reading({"fixed.power_w": 100.0})
+
+
+def _opened(name: str, recipe: dict[str, object] | None) -> OpenSource:
+    source = Fixed()
+    source.name, source.recipe = name, recipe
+    return OpenSource(source, source.open())
+
+
+def test_auto_moves_the_reads_that_cost_milliseconds_and_keeps_what_cannot_move() -> None:
+    nvml = _opened("nvml", {"name": "nvml", "gpus": None})
+    host = _opened("psutil", {"name": "psutil", "gpus": None})
+    agent = _opened("gpu0@gpu-host:9180", None)
+    assert sampler_place("auto", [nvml, host]) == (True, "nvml reads cost milliseconds of a CPU each")
+    assert sampler_place("auto", [host]) == (False, "its sources read in microseconds")
+    assert sampler_place("process", [host]) == (True, "asked for")
+    assert sampler_place("thread", [nvml]) == (False, "asked for")
+    # an agent's stream is followed by this process: asked or not, the sampler stays a thread
+    moved, why = sampler_place("process", [nvml, agent])
+    assert not moved and "gpu0@gpu-host:9180 cannot be opened again" in why
+
+
+async def test_a_child_that_cannot_open_its_sources_says_so(sim: SimulatorProcess) -> None:
+    setup = open_sources("sim", sim_root_url=sim.root_url)
+    try:
+        source = setup.opened[0].source
+        source.recipe = {"name": "sim", "root_url": "http://127.0.0.1:9"}  # nobody serves there
+        sampler = Sampler(setup.opened, 0.05, now_ns(), probe_s=0, process=True)
+        with pytest.raises(SamplerProcessError, match=r"could not open its sources .*--sampler thread"):
+            await sampler.start()
+        assert sampler.pid is None
+    finally:
+        setup.close()
+
+
+async def test_a_run_sampled_in_its_own_process_keeps_the_thread_s_log(
+    tmp_path: Path, sim: SimulatorProcess
+) -> None:
+    config = quick_config(
+        tmp_path, base_url=sim.base_url, max_queries=24, telemetry="sim,psutil", sampler="process"
+    )
+    result = await run_benchmark(config)
+    sampler = result.summary["telemetry"]["sampler"]
+    assert sampler["runs_in"] == "process" and sampler["samples"] > 10
+    assert sampler["cpu_s"] is not None and 0 < sampler["cpu_share"] < 1
+    telemetry = pl.read_ipc_stream(tmp_path / "run" / files.TELEMETRY)
+    # a tick every 50 ms on the run's clock (moved once after a probe, clear of the counter's
+    # updates), each counter read stamped after its tick
+    deadlines = telemetry.get_column("t_ns").to_numpy()[:-1]  # the last: the run's last reading
+    steps = np.diff(deadlines) / 50e6
+    assert np.median(steps) == 1 and steps.min() >= 1
+    assert telemetry.height - 1 + sampler["skipped_ticks"] >= (deadlines[-1] - deadlines[0]) // 50_000_000
+    stamps = telemetry.get_column("sim.t_ns").to_numpy()
+    assert (stamps[:-1] >= deadlines).all()
+    # the last reading came after the last request ended
+    records = pl.read_ipc_stream(tmp_path / "run" / files.RECORDS)
+    assert stamps[-1] >= records.get_column("closed_ns").max()
+    # the counter's update grid was learned there and reached run.json
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    grids = next(m for m in run["telemetry"]["meters"] if m["channel"] == "sim")["grids"]
+    assert grids and abs(grids[0]["period_ms"] - 100) < 5
+    energy = result.summary["energy"]["meters"]["sim"]
+    assert energy["kind"] == "counter" and abs(energy["conservation_error"]) < 1e-9
+    # and it is gone
+    assert not [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "ipw_async.telemetry.sampler_child" in (p.info["cmdline"] or [])
+    ]
