@@ -1,14 +1,16 @@
 """Does the meter move what it measures? The same load run as users run it, with the default
-telemetry and with ``--telemetry none``, side by side.
+telemetry and with ``--telemetry none`` (or the sampler in its own process), side by side.
 
 Each pair is two ``ipw-async run`` processes (each with its built-in simulator) one after the
 other at the same concurrency, seed and request count; the order alternates between pairs so
 that a machine warming up or slowing down does not favour one side. Printed per side (median
 over the pairs): TTFT p50 / p99, e2e p50, loop lag p99, the client's CPU per SSE event on its
 event loop and for the whole process, and the sampler's share of a core; then the ratio of
-each default figure to its ``--telemetry none`` twin.
+each default figure to its twin's. ``--versus process`` sets the default against the same
+telemetry read by ``--sampler process``.
 
     python benchmarks/telemetry_overhead.py [--concurrency 64] [--requests 1500] [--pairs 3]
+        [--versus none|process]
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-SIDES = {"default": [], "none": ["--telemetry", "none"]}
+TWINS = {"none": ["--telemetry", "none"], "process": ["--sampler", "process"]}
 FIGURES = {  # name: (unit, where in summary.json)
     "ttft p50": ("ms", ("latency_s", "ttft", "p50"), 1e3),
     "ttft p99": ("ms", ("latency_s", "ttft", "p99"), 1e3),
@@ -34,9 +36,9 @@ FIGURES = {  # name: (unit, where in summary.json)
 }
 
 
-def run(side: str, out: Path, concurrency: int, requests: int, seed: int) -> dict[str, Any]:
+def run(options: list[str], out: Path, concurrency: int, requests: int, seed: int) -> dict[str, Any]:
     command = [sys.executable, "-m", "ipw_async", "run", "-c", str(concurrency), "-n", str(requests)]
-    command += ["--seed", str(seed), "--baseline-s", "1", "-q", "-o", str(out), *SIDES[side]]
+    command += ["--seed", str(seed), "--baseline-s", "1", "-q", "-o", str(out), *options]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
     return summary
@@ -54,21 +56,29 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64, help="streams in flight")
     parser.add_argument("--requests", type=int, default=1500, help="requests measured per run")
     parser.add_argument("--pairs", type=int, default=3, help="runs per side (the order alternates)")
+    parser.add_argument(
+        "--versus",
+        choices=tuple(TWINS),
+        default="none",
+        help="the twin: no telemetry, or the sampler's own process",
+    )
     args = parser.parse_args()
-    found: dict[str, dict[str, list[float]]] = {side: {name: [] for name in FIGURES} for side in SIDES}
+    twin = "--telemetry none" if args.versus == "none" else "--sampler process"
+    sides = {"default": [], twin: TWINS[args.versus]}
+    found: dict[str, dict[str, list[float]]] = {side: {name: [] for name in FIGURES} for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):
-            order = list(SIDES) if pair % 2 == 0 else list(SIDES)[::-1]
-            for side in order:
-                summary = run(side, Path(tmp) / f"{side}{pair}", args.concurrency, args.requests, pair)
+            order = list(sides) if pair % 2 == 0 else list(sides)[::-1]
+            for n, side in enumerate(order):
+                summary = run(sides[side], Path(tmp) / f"{pair}-{n}", args.concurrency, args.requests, pair)
                 for name, (_, path, scale) in FIGURES.items():
                     value = figure(summary, path, scale)
                     if value is not None:
                         found[side][name].append(value)
     print(f"c={args.concurrency}, {args.requests} requests a run, {args.pairs} pairs (medians)")
-    print(f"{'figure':<20}{'default':>12}{'--telemetry none':>18}{'ratio':>8}")
+    print(f"{'figure':<20}{'default':>12}{twin:>18}{'ratio':>8}")
     for name, (unit, _, _) in FIGURES.items():
-        default, none = (statistics.median(found[s][name]) if found[s][name] else None for s in SIDES)
+        default, none = (statistics.median(found[s][name]) if found[s][name] else None for s in sides)
         ratio = f"{default / none:.2f}" if default is not None and none else "—"
         shown = [f"{v:,.2f} {unit}" if v is not None else "—" for v in (default, none)]
         print(f"{name:<20}{shown[0]:>12}{shown[1]:>18}{ratio:>8}")
