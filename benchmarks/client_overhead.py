@@ -19,12 +19,14 @@
 
 ``--dashboard`` adds the live dashboard (rendered to a null terminal) and ``--telemetry
 psutil`` the telemetry sampler's thread (``auto``: a run's default sources), to measure their
-cost: compare CPU µs/event with and without. ``--own-core`` runs the whole runs against a
+cost: compare CPU µs/event with and without; ``--sampler process`` reads them in a process of
+the sampler's own (its CPU counted in the run's). ``--own-core`` runs the whole runs against a
 simulator on the last core, the run on the others, as on a GPU host where the server does not
 take the client's cores; by default the run's own simulator shares every core with it.
 
     python benchmarks/client_overhead.py [--requests 2000] [--levels 64,256] [--step-ms 5]
         [--loop-levels 128,1024] [--dashboard] [--telemetry none|psutil|auto] [--own-core]
+        [--sampler auto|thread|process]
 """
 
 from __future__ import annotations
@@ -177,6 +179,7 @@ def measure(
     step_ms: float = 0.0,
     telemetry: str = "none",
     own_core: bool = False,
+    sampler: str = "auto",
 ) -> dict[str, Any]:
     display: Display | None = None
     if dashboard:
@@ -204,6 +207,7 @@ def measure(
             concurrency=concurrency,
             max_queries=requests,
             telemetry=telemetry,
+            sampler=sampler,
             **server,
         )
         result = run_loop(run_benchmark(config, display))
@@ -241,6 +245,12 @@ def main() -> None:
         help="telemetry sources to sample too (none, psutil, auto: a run's default)",
     )
     parser.add_argument(
+        "--sampler",
+        default="auto",
+        choices=("auto", "thread", "process"),
+        help="where the telemetry is read: a thread of the run, or a process of its own",
+    )
+    parser.add_argument(
         "--own-core",
         action="store_true",
         help="whole runs against a simulator on the last core, the run on the others, as on a GPU host (Linux)",
@@ -264,7 +274,7 @@ def main() -> None:
     print()
     print(
         f"2. whole runs: 128-token streams, {args.requests} requests, "
-        f"dashboard {'on' if args.dashboard else 'off'}, telemetry {args.telemetry}, "
+        f"dashboard {'on' if args.dashboard else 'off'}, telemetry {args.telemetry} (sampler {args.sampler}), "
         f"{'the simulator on a core of its own' if args.own_core else 'every core shared with the simulator'}"
     )
     print(
@@ -275,7 +285,9 @@ def main() -> None:
     for step_ms in (0.0, args.step_ms):
         regime = "zero-delay" if step_ms == 0 else f"paced {step_ms:g} ms"
         for level in levels:
-            r = measure(level, args.requests, args.dashboard, step_ms, args.telemetry, args.own_core)
+            r = measure(
+                level, args.requests, args.dashboard, step_ms, args.telemetry, args.own_core, args.sampler
+            )
             # the run around the client: only comparable where the loop ran flat out too
             around = f"{r['cpu_us_per_event'] - loops[level]:.1f}" if step_ms == 0 else "—"
             reported = r["reported_us_per_event"]

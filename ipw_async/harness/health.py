@@ -45,21 +45,30 @@ class _CpuTimes:
 
 class HarnessCpu:
     """CPU time of the harness over the measured phase: the whole of this process and the
-    worker processes it was told of, and apart from it the event loops' own threads, where the
-    client runs, and the writes of the run's files (``writer``, once they are open). Entered
-    and left on the loop's thread (``time.thread_time`` is the caller's)."""
+    worker and helper processes it was told of, and apart from it the event loops' own threads,
+    where the client runs, and the writes of the run's files (``writer``, once they are open).
+    Entered and left on the loop's thread (``time.thread_time`` is the caller's)."""
 
     def __init__(self) -> None:
         self._start: _CpuTimes | None = None
         self._stop: _CpuTimes | None = None
         self._workers: list[psutil.Process] = []
+        self._helpers: list[psutil.Process] = []  # the run's, with no client loop: the sampler's
         self.writer: ThreadCpu | None = None
 
     def track(self, pids: list[int]) -> None:
         self._workers = [psutil.Process(pid) for pid in pids]
 
+    def helper(self, pid: int) -> None:
+        """Count a process of the run that runs no client (the sampler's own) in its whole."""
+        self._helpers.append(psutil.Process(pid))
+
     def _now(self) -> _CpuTimes:
         process, loop = time.process_time(), time.thread_time()
+        for proc in self._helpers:
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                process += times.user + times.system
         for proc in self._workers:
             with contextlib.suppress(psutil.Error):
                 times = proc.cpu_times()

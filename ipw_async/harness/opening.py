@@ -126,6 +126,8 @@ class RunOpening:
         stack.callback(setattr, state, "phase", Phase.DONE)
         workers = self._worker_count()
         harness = reports.Harness(LoopLag(), HarnessCpu(), 1 + (workers if workers > 1 else 0))
+        if sampler.pid is not None:
+            harness.cpu.helper(sampler.pid)
         ledger = await self._files(run_dir, manifest, state, ending, sampler, checks, harness)
         state.phase = Phase.STARTING
         dispatch = await self._dispatch(ledger, client, upstream, server.model, t0, workers, harness)
