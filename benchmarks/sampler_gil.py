@@ -12,7 +12,9 @@ interval the sampler sets (0.5 ms), reads back to back with 2 ms between reads:
 
 - ``no reads``: the thread only sleeps (the floor);
 - ``C call, 3 ms``: a 3 ms call through ``ctypes.CDLL`` (libc's ``usleep``: how pynvml reads);
-- ``Python, 3 ms``: 3 ms of Python bytecode (a read that parses in Python, at its worst).
+- ``Python, 3 ms``: 3 ms of Python bytecode (a read that parses in Python, at its worst);
+- ``Python, 3 ms, own process``: the same reads in a process of their own, as
+  ``--sampler process`` reads (``ipw_async.telemetry.process``).
 
     python benchmarks/sampler_gil.py [--seconds 3] [--read-ms 3]
 """
@@ -22,10 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import multiprocessing
 import sys
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.synchronize import Event
 
 import numpy as np
 
@@ -41,16 +45,32 @@ def spin(seconds: float) -> None:
         pass
 
 
-async def loop_lag_ms(read: Callable[[], None], seconds: float) -> tuple[float, float]:
-    """The event loop's lag p50 and p99 (ms) over ``seconds`` while a thread calls ``read``."""
-    stop = threading.Event()
+def reads_apart(stop: Event, read_s: float) -> None:
+    """Python reads in a process of their own, as the sampler's process reads."""
+    while not stop.is_set():
+        spin(read_s)
+        time.sleep(GAP_S)
 
-    def reader() -> None:
-        while not stop.is_set():
-            read()
-            time.sleep(GAP_S)
 
-    thread = threading.Thread(target=reader, daemon=True)
+async def loop_lag_ms(read: Callable[[], None] | float, seconds: float) -> tuple[float, float]:
+    """The event loop's lag p50 and p99 (ms) over ``seconds`` while a thread calls ``read``
+    (a float: Python reads that long, in a process of their own)."""
+    stop: threading.Event | Event
+    thread: threading.Thread | multiprocessing.process.BaseProcess
+    if isinstance(read, float):
+        spawn = multiprocessing.get_context("spawn")
+        stop = spawn.Event()
+        thread = spawn.Process(target=reads_apart, args=(stop, read), daemon=True)
+    else:
+        stop = threading.Event()
+        call = read
+
+        def reader() -> None:
+            while not stop.is_set():
+                call()
+                time.sleep(GAP_S)
+
+        thread = threading.Thread(target=reader, daemon=True)
     thread.start()
     lags = []
     end = time.perf_counter() + seconds
@@ -74,18 +94,19 @@ def main() -> None:
     args = parser.parse_args()
     libc = ctypes.CDLL(None)
     read_s = args.read_ms / 1000
-    cases: dict[str, Callable[[], None]] = {
+    cases: dict[str, Callable[[], None] | float] = {
         "no reads": lambda: time.sleep(read_s),
         f"C call, {args.read_ms:g} ms": lambda: libc.usleep(int(args.read_ms * 1000)),
         f"Python, {args.read_ms:g} ms": lambda: spin(read_s),
+        f"Python, {args.read_ms:g} ms, own process": read_s,
     }
     saved = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
-        print(f"{'reads on the thread':<22} {'loop lag p50':>13} {'loop lag p99':>13}")
+        print(f"{'reads on the thread':<28} {'loop lag p50':>13} {'loop lag p99':>13}")
         for name, read in cases.items():
             p50, p99 = asyncio.run(loop_lag_ms(read, args.seconds))
-            print(f"{name:<22} {p50:>10.3f} ms {p99:>10.3f} ms")
+            print(f"{name:<28} {p50:>10.3f} ms {p99:>10.3f} ms")
     finally:
         sys.setswitchinterval(saved)
 

@@ -203,6 +203,8 @@ def _telemetry_rows(table: Table, telemetry: dict[str, Any], energy: dict[str, A
         said[0] += f", {sampler['cpu_share']:.1%} of a core"
     if sampler.get("runs_in") == "process":
         said[0] += " in its own process"
+    if sampler.get("failure"):
+        said.append(f"[yellow]{sampler['failure']}[/]")
     if sampler.get("skipped_ticks"):
         skipped = sampler["skipped_ticks"]
         said.append(f"[yellow]{skipped:,} {'tick' if skipped == 1 else 'ticks'} skipped[/]")

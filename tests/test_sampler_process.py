@@ -3,7 +3,10 @@ client's interpreter left alone, and a child that never outlives its run."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +69,30 @@ async def test_a_child_that_cannot_open_its_sources_says_so(sim: SimulatorProces
         setup.close()
 
 
+async def test_a_sampler_process_that_dies_mid_run_says_where_telemetry_stopped(
+    sim: SimulatorProcess,
+) -> None:
+    setup = open_sources("sim", sim_root_url=sim.root_url)
+    try:
+        sampler = Sampler(setup.opened, 0.05, now_ns(), probe_s=0, process=True)
+        task = asyncio.create_task(sampler.run())
+        for _ in range(200):
+            if len(sampler.log) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        assert sampler.pid is not None and len(sampler.log) >= 3
+        os.kill(sampler.pid, signal.SIGKILL)
+        with pytest.raises(SamplerProcessError, match="killed by signal 9"):
+            await asyncio.wait_for(task, 10)
+        failure = sampler.quality().failure
+        assert failure is not None and failure.endswith("telemetry stopped there")
+        kept = len(sampler.log)
+        await sampler.sample_once()  # its last reading died with it: nothing made up
+        assert len(sampler.log) == kept >= 3
+    finally:
+        setup.close()
+
+
 async def test_a_run_sampled_in_its_own_process_keeps_the_thread_s_log(
     tmp_path: Path, sim: SimulatorProcess
 ) -> None:
@@ -85,6 +112,9 @@ async def test_a_run_sampled_in_its_own_process_keeps_the_thread_s_log(
     assert telemetry.height - 1 + sampler["skipped_ticks"] >= (deadlines[-1] - deadlines[0]) // 50_000_000
     stamps = telemetry.get_column("sim.t_ns").to_numpy()
     assert (stamps[:-1] >= deadlines).all()
+    # the memory it reports is the run's, not its own (the test's process here)
+    rss = telemetry.get_column("proc.rss_mb").drop_nulls()[-1]
+    assert 0.7 < rss / (psutil.Process().memory_info().rss / 2**20) < 1.3
     # the last reading came after the last request ended
     records = pl.read_ipc_stream(tmp_path / "run" / files.RECORDS)
     assert stamps[-1] >= records.get_column("closed_ns").max()

@@ -59,16 +59,17 @@ class PsutilSource(TelemetrySource):
 
     name = "psutil"
 
-    def __init__(self) -> None:
+    def __init__(self, pid: int | None = None) -> None:
         self._psutil: ModuleType | None = None
         self._util: CpuUtilisation | None = None
+        self._pid = pid  # the run's process, whose memory is reported (None: this one)
         self._process: Any = None
 
     def open(self) -> SourceInfo:
         psutil = import_psutil("the psutil source")
         self._psutil = psutil
         self._util = CpuUtilisation(psutil)
-        self._process = psutil.Process()
+        self._process = psutil.Process(self._pid)
         return SourceInfo(
             columns=["cpu.util_pct", "mem.used_mb", "proc.rss_mb"],
             description=f"host: {psutil.cpu_count()} logical CPUs, "

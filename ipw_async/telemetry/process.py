@@ -110,6 +110,15 @@ class SamplerProcess:
         while (message := _message(self._proc.stdout)) is not None:
             on_message(message)
 
+    def ended(self) -> str:
+        """How the child ended, in words (once its output has)."""
+        assert self._proc is not None
+        try:
+            code = self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "its output closed"
+        return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
     def end(self) -> None:
         """Ask the child to take its last reading and exit: its output ends after both."""
         proc = self._proc

@@ -99,6 +99,7 @@ class SamplerQuality:
     read_latency_ms: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     scheduling: str = "normal"  # the sampler thread's: "real-time", or "normal" and why
     runs_in: str = "thread"  # of the run's process, or "process" (a process of its own)
+    failure: str | None = None  # why it stopped before the run's end, where it did
     # per meter: the longest time between two of its readings (a hung agent, skipped ticks)
     # beside its counter's update period, which a gap longer than blurs
     gaps: dict[str, dict[str, float | None]] = field(default_factory=dict)
@@ -189,6 +190,7 @@ class Sampler:
         self.process = process
         self.pid: int | None = None  # that process's, once started
         self._child: SamplerProcess | None = None
+        self.failure: str | None = None  # why it stopped sampling before the run ended
         self._child_events: dict[str, dict[str, int]] = {}
 
     def distrust(self, channel: str, reason: str) -> None:
@@ -310,7 +312,12 @@ class Sampler:
                     self.tick(stop)
                 else:
                     child.follow(self._take)
+                    if not stop.is_set():
+                        raise SamplerProcessError(
+                            f"the sampler's process ended on its own ({child.ended()}): telemetry stopped there"
+                        )
             except BaseException as exc:  # surfaces in the task, as an on-loop read would
+                self.failure = str(exc)
                 loop.call_soon_threadsafe(fail, exc)
 
         ticker = threading.Thread(target=ticks, name="ipw-async-sampler", daemon=True)
@@ -477,6 +484,7 @@ class Sampler:
             read_latency_ms={s.source.name: ms(f"{s.source.name}.read_ns") for s in self._sources},
             scheduling=self.scheduling,
             runs_in="process" if self.process else "thread",
+            failure=self.failure,
             gaps={m.channel: self._gap(m) for m in self.meters},
             cpu_s=self.cpu_s,
             cpu_share=self.cpu_share,

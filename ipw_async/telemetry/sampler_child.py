@@ -17,7 +17,6 @@ from .sources import from_recipe
 
 def serve(spec: dict[str, Any], out: IO[str]) -> None:
     """The child: open the sources, tick until stdin ends, then the last reading and the cost."""
-    began, cpu0 = now_ns(), time.process_time()  # its own cost from here: not its imports
     lock = threading.Lock()
 
     def send(message: dict[str, Any]) -> None:
@@ -38,6 +37,8 @@ def serve(spec: dict[str, Any], out: IO[str]) -> None:
             {"error": f"the sampler's process could not open its sources ({exc}): run with --sampler thread"}
         )
         return
+    # its own cost from here: not its imports and the sources' opening, which a thread pays too
+    began, cpu0 = now_ns(), time.process_time()
     sent: dict[str, int] = {}
     events: dict[str, dict[str, int]] = {}
 
@@ -76,7 +77,7 @@ def serve(spec: dict[str, Any], out: IO[str]) -> None:
         send({"error": f"the sampler's process failed: {failed[0]}"})
         return
     on_row(sampler.reading_now())  # the run's last
-    # the whole process's CPU since its sources opened, not only its ticks': all the sampler's
+    # the whole process's CPU, not only its ticks': all of it is the sampler's
     cpu_s = time.process_time() - cpu0
     send({"end": {"cpu_s": cpu_s, "cpu_share": cpu_s / max((now_ns() - began) / NS, 1e-9)}})
     for s in opened:

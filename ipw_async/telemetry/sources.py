@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,15 +14,16 @@ from .nvml import NvmlSource
 from .rapl import RaplSource
 from .sim import SimDeviceSource
 
-# A factory takes the GPU selection; sources that are not GPUs ignore it.
-SourceFactory = Callable[[Sequence[str] | None], TelemetrySource]
+# A factory takes the GPU selection and the run's process (whose memory psutil reports, from
+# whichever process reads it); sources that are not GPUs ignore the first.
+SourceFactory = Callable[[Sequence[str] | None, int], TelemetrySource]
 
 _FACTORIES: dict[str, SourceFactory] = {
-    "nvml": lambda gpus: NvmlSource(gpus=gpus),
-    "amdsmi": lambda gpus: AmdSmiSource(gpus=gpus),
-    "rapl": lambda gpus: RaplSource(),
-    "psutil": lambda gpus: PsutilSource(),
-    "cpu-model": lambda gpus: CpuModelSource(),
+    "nvml": lambda gpus, pid: NvmlSource(gpus=gpus),
+    "amdsmi": lambda gpus, pid: AmdSmiSource(gpus=gpus),
+    "rapl": lambda gpus, pid: RaplSource(),
+    "psutil": lambda gpus, pid: PsutilSource(pid),
+    "cpu-model": lambda gpus, pid: CpuModelSource(),
 }
 
 
@@ -30,16 +32,18 @@ def available_source_names() -> list[str]:
     return list(_FACTORIES)
 
 
-def make_source(name: str, *, gpus: Sequence[str] | None = None) -> TelemetrySource:
-    """A new, unopened source; ``gpus`` selects GPUs by index or UUID for GPU sources."""
+def make_source(name: str, *, gpus: Sequence[str] | None = None, pid: int | None = None) -> TelemetrySource:
+    """A new, unopened source; ``gpus`` selects GPUs by index or UUID for GPU sources, ``pid``
+    the run's process (this one by default)."""
     try:
         factory = _FACTORIES[name]
     except KeyError:
         raise ValueError(
             f"unknown telemetry source {name!r}; valid names: {', '.join(available_source_names())}"
         ) from None
-    source = factory(gpus)
-    source.recipe = {"name": name, "gpus": list(gpus) if gpus is not None else None}
+    pid = os.getpid() if pid is None else pid
+    source = factory(gpus, pid)
+    source.recipe = {"name": name, "gpus": list(gpus) if gpus is not None else None, "pid": pid}
     return source
 
 
@@ -48,4 +52,4 @@ def from_recipe(recipe: dict[str, Any]) -> TelemetrySource:
     own process, :mod:`.process`)."""
     if recipe["name"] == "sim":
         return SimDeviceSource(recipe["root_url"])
-    return make_source(recipe["name"], gpus=recipe["gpus"])
+    return make_source(recipe["name"], gpus=recipe["gpus"], pid=recipe["pid"])
