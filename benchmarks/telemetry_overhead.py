@@ -4,10 +4,10 @@ telemetry and with ``--telemetry none`` (or the sampler in its own process), sid
 Each pair is two ``ipw-async run`` processes (each with its built-in simulator) one after the
 other at the same concurrency, seed and request count; the order alternates between pairs so
 that a machine warming up or slowing down does not favour one side. Printed per side (median
-over the pairs): TTFT p50 / p99, e2e p50, loop lag p99, the client's CPU per SSE event on its
-event loop and for the whole process, and the sampler's share of a core; then the ratio of
-each default figure to its twin's. ``--versus process`` sets the default against the same
-telemetry read by ``--sampler process``.
+over the pairs, and their ranges): TTFT p50 / p99, e2e p50, loop lag p99, the client's CPU per
+SSE event on its event loop and for the whole run, the sampler's share of a core, its ticks'
+lateness p99 and its skipped ticks; then the ratio of each default figure to its twin's.
+``--versus process`` sets the default against the same telemetry read by ``--sampler process``.
 
     python benchmarks/telemetry_overhead.py [--concurrency 64] [--requests 1500] [--pairs 3]
         [--versus none|process]
@@ -33,6 +33,8 @@ FIGURES = {  # name: (unit, where in summary.json)
     "loop CPU/event": ("µs", ("client", "cpu_us_per_event"), 1.0),
     "process CPU/event": ("µs", ("client", "process_cpu_us_per_event"), 1.0),
     "sampler core share": ("%", ("telemetry", "sampler", "cpu_share"), 100.0),
+    "sampler late p99": ("ms", ("telemetry", "sampler", "lateness_ms", "p99"), 1.0),
+    "skipped ticks": ("", ("telemetry", "sampler", "skipped_ticks"), 1.0),
 }
 
 
@@ -76,12 +78,15 @@ def main() -> None:
                     if value is not None:
                         found[side][name].append(value)
     print(f"c={args.concurrency}, {args.requests} requests a run, {args.pairs} pairs (medians)")
-    print(f"{'figure':<20}{'default':>12}{twin:>18}{'ratio':>8}")
+    print(f"{'figure':<20}{'default':>12}{twin:>18}{'ratio':>8}   ranges (default; {twin})")
     for name, (unit, _, _) in FIGURES.items():
         default, none = (statistics.median(found[s][name]) if found[s][name] else None for s in sides)
         ratio = f"{default / none:.2f}" if default is not None and none else "—"
         shown = [f"{v:,.2f} {unit}" if v is not None else "—" for v in (default, none)]
-        print(f"{name:<20}{shown[0]:>12}{shown[1]:>18}{ratio:>8}")
+        ranges = "; ".join(
+            f"{min(v):,.2f}–{max(v):,.2f}" if v else "—" for v in (found[s][name] for s in sides)
+        )
+        print(f"{name:<20}{shown[0]:>12}{shown[1]:>18}{ratio:>8}   {ranges}")
 
 
 if __name__ == "__main__":
