@@ -4,9 +4,12 @@ client's interpreter left alone, and a child that never outlives its run."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import itertools
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +24,7 @@ from ipw_async.sim import SimulatorProcess
 from ipw_async.telemetry import OpenSource, Sampler, open_sources
 from ipw_async.telemetry.base import Meter, Reading, SourceInfo, TelemetrySource
 from ipw_async.telemetry.process import SamplerProcessError, sampler_place
+from ipw_async.telemetry.sources import make_source
 
 from .conftest import quick_config
 
@@ -67,6 +71,65 @@ async def test_a_child_that_cannot_open_its_sources_says_so(sim: SimulatorProces
         assert sampler.pid is None
     finally:
         setup.close()
+
+
+# A pynvml module for both processes: the tests' fake, its GPU's counter rising 5 J a read
+FAKE_PYNVML = """
+from tests.test_sources import FakeGpu, FakeNvml
+
+
+class Rising(FakeGpu):
+    def query(self, what, value):
+        if what == "energy":
+            self.energy_mj += 5_000
+            return self.energy_mj
+        return super().query(what, value)
+
+
+_nvml = FakeNvml([Rising("GPU-aaa", processes=[4242])])
+globals().update({name: getattr(_nvml, name) for name in dir(_nvml) if not name.startswith("_")})
+"""
+
+
+async def test_nvml_read_in_the_sampler_s_own_process_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # only the driver's module is faked, in this process and the child alike: NvmlSource, the
+    # recipe, the child and the rows it sends are the real code path
+    (tmp_path / "pynvml.py").write_text(FAKE_PYNVML)
+    root = Path(__file__).parent.parent
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(tmp_path), str(root), os.environ.get("PYTHONPATH", "")])
+    )
+    spec = importlib.util.spec_from_file_location("pynvml", tmp_path / "pynvml.py")
+    assert spec is not None and spec.loader is not None
+    fake = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(root))
+    spec.loader.exec_module(fake)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    source = make_source("nvml")
+    opened = [OpenSource(source, source.open())]
+    here = fake._nvml.gpus[0].energy_mj  # what this process read, opening it
+    moved, why = sampler_place("auto", opened)
+    assert moved and why == "nvml reads cost milliseconds of a CPU each"
+    sampler = Sampler(opened, 0.05, now_ns(), probe_s=0.3, process=moved)
+    task = asyncio.create_task(sampler.run())
+    try:
+        for _ in range(200):
+            if len(sampler.log) >= 10:
+                break
+            await asyncio.sleep(0.05)
+        assert await sampler.processes() == {"gpu0": [4242]}  # asked here, of this process's NVML
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        source.close()
+    energy = [v for v in sampler.log.columns["gpu0.energy_j"] if v is not None]
+    # the child's own counter, read there: rising, and not this process's fake (never read here)
+    assert len(energy) >= 10 and all(b > a for a, b in itertools.pairwise(energy))
+    assert fake._nvml.gpus[0].energy_mj == here
+    assert sampler.log.columns["gpu0.power_w"][0] == 310.0
+    assert sampler.quality().runs_in == "process" and sampler.quality().cpu_s is not None
 
 
 async def test_a_sampler_process_that_dies_mid_run_says_where_telemetry_stopped(
