@@ -232,6 +232,7 @@ async def test_a_counter_reset_shows_in_the_summary(
     config = quick_config(
         tmp_path, base_url=sim.base_url, telemetry="nvml", max_queries=60, concurrency=2, counter_probe_s=0
     )
+    config.sampler = "thread"  # the fake driver lives in this process
     result = await run_benchmark(config)
     assert result.summary["telemetry"]["counter_events"] == {"gpu0": {"resets": 1, "wraps": 0}}
     run = json.loads((tmp_path / "run" / "run.json").read_text())

@@ -127,6 +127,7 @@ def test_a_process_that_joins_the_gpu_during_the_run_fails_the_gate(
     config = quick_config(
         tmp_path, base_url=sim.base_url, telemetry="nvml", max_queries=40, concurrency=2, counter_probe_s=0
     )
+    config.sampler = "thread"  # the fake driver lives in this process
     config.require_valid = True
     assert execute(config, display=None) == 3  # type: ignore[arg-type]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -79,10 +79,13 @@ from tests.test_sources import FakeGpu, FakeNvml
 
 
 class Rising(FakeGpu):
+    reads = 0
+
     def query(self, what, value):
         if what == "energy":
+            self.reads += 1
             self.energy_mj += 5_000
-            return self.energy_mj
+            return self.energy_mj - (900_000 if self.reads > 6 else 0)  # the driver reset it once
         return super().query(what, value)
 
 
@@ -125,7 +128,9 @@ async def test_nvml_read_in_the_sampler_s_own_process_by_default(
         await asyncio.gather(task, return_exceptions=True)
         source.close()
     energy = [v for v in sampler.log.columns["gpu0.energy_j"] if v is not None]
-    # the child's own counter, read there: rising, and not this process's fake (never read here)
+    # the child's own counter, read there: rising through its reset, which reached this process,
+    # and not this process's fake (never read here)
+    assert sampler.counter_events() == {"gpu0": {"resets": 1, "wraps": 0}}
     assert len(energy) >= 10 and all(b > a for a, b in itertools.pairwise(energy))
     assert fake._nvml.gpus[0].energy_mj == here
     assert sampler.log.columns["gpu0.power_w"][0] == 310.0
