@@ -7,9 +7,9 @@ own process, a worker, the simulator) imports that part alone, not scipy and the
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._lazy import lazy_names
 from ._version import __version__ as __version__
 
 _EXPORTS: dict[str, str] = {
@@ -86,9 +86,4 @@ if TYPE_CHECKING:
     from .workload import Dataset, DatasetError, Query, TaskLog, Workload, WorkUnit
     from .workload.tools import Tool, Toolbox, ToolLatency
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+__getattr__ = lazy_names(__name__, _EXPORTS)

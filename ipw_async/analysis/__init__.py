@@ -6,8 +6,9 @@ The public names load their module on first use: the CLI imports this package at
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 _EXPORTS: dict[str, str] = {
     "analyze": "analyses",
@@ -74,9 +75,4 @@ if TYPE_CHECKING:
     from .repeats import mean_ci
     from .sweep import SweepResult
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+__getattr__ = lazy_names(__name__, _EXPORTS)

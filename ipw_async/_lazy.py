@@ -1,0 +1,20 @@
+"""A package's public names, each loaded with its module on first use (PEP 562)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+
+def lazy_names(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
+    """The module ``__getattr__`` of ``package``: a name in ``exports`` (name: module, relative
+    to the package) imports its module the first time it is asked for."""
+
+    def __getattr__(name: str) -> Any:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f".{module}", package), name)
+
+    return __getattr__
