@@ -86,4 +86,4 @@ if TYPE_CHECKING:
     from .workload import Dataset, DatasetError, Query, TaskLog, Workload, WorkUnit
     from .workload.tools import Tool, Toolbox, ToolLatency
 
-__getattr__ = lazy_names(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS, globals())

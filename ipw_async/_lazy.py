@@ -7,9 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_names(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
-    """The module ``__getattr__`` of ``package``: a name in ``exports`` (name: module, relative
-    to the package) imports its module the first time it is asked for."""
+def lazy_names(
+    package: str, exports: dict[str, str], loaded: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The module ``__getattr__`` and ``__dir__`` of ``package`` (``loaded``: its globals): a
+    name in ``exports`` (name: module, relative to the package) imports its module the first
+    time it is asked for, and ``dir()`` lists it before."""
 
     def __getattr__(name: str) -> Any:
         module = exports.get(name)
@@ -17,4 +20,7 @@ def lazy_names(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         return getattr(importlib.import_module(f".{module}", package), name)
 
-    return __getattr__
+    def __dir__() -> list[str]:
+        return sorted({*loaded, *exports})
+
+    return __getattr__, __dir__

@@ -137,6 +137,27 @@ async def test_nvml_read_in_the_sampler_s_own_process_by_default(
     assert sampler.quality().runs_in == "process" and sampler.quality().cpu_s is not None
 
 
+async def test_what_the_process_reads_before_the_run_samples_is_logged_as_it_comes(
+    sim: SimulatorProcess,
+) -> None:
+    # between start (as the run opens) and run (its tasks, after the workers started) rows
+    # keep coming: read as they come, a full pipe never holds the child's ticks up
+    setup = open_sources("sim,psutil", sim_root_url=sim.root_url)
+    try:
+        sampler = Sampler(setup.opened, 0.005, now_ns(), probe_s=0, process=True)
+        await sampler.start()
+        await asyncio.sleep(2.0)  # about 140 kB of rows at 5 ms: twice a pipe's 64 kB
+        assert len(sampler.log) > 200 and sampler.skipped < 20
+        # a run stopped before it sampled: the last reading is still taken, the child ended
+        before = len(sampler.log)
+        await sampler.sample_once()
+        assert len(sampler.log) > before
+        assert sampler.pid is not None and not psutil.pid_exists(sampler.pid)
+        sampler.close()
+    finally:
+        setup.close()
+
+
 async def test_a_sampler_process_that_dies_mid_run_says_where_telemetry_stopped(
     sim: SimulatorProcess,
 ) -> None:

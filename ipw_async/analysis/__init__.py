@@ -75,4 +75,4 @@ if TYPE_CHECKING:
     from .repeats import mean_ci
     from .sweep import SweepResult
 
-__getattr__ = lazy_names(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS, globals())

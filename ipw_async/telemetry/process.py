@@ -21,6 +21,7 @@ import json
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -28,6 +29,7 @@ from .base import OpenSource
 from .cadence import CounterGrid
 
 START_TIMEOUT_S = 30.0  # importing and opening NVML on a loaded host can take seconds
+STDERR_KEPT = 4096  # of the child's stderr, the last this many characters (twice) are kept
 SAMPLER_PLACES = ("auto", "thread", "process")
 # sources whose every read costs milliseconds of a CPU (a driver's ioctl and its Python): by
 # default they are read in a process of their own
@@ -73,6 +75,7 @@ class SamplerProcess:
             "probe_s": probe_s,
         }
         self._proc: subprocess.Popen[str] | None = None
+        self._stderr: deque[str] = deque(maxlen=2)  # its stderr's last chunks
 
     @property
     def pid(self) -> int | None:
@@ -91,9 +94,13 @@ class SamplerProcess:
             start_new_session=True,
         )
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # never blocks on a full pipe
-        proc.stdin.write(json.dumps(self.spec) + "\n")
-        proc.stdin.flush()
+        # drained, never to block it on a full pipe, and its last lines kept to say why it ended
+        threading.Thread(target=self._keep_stderr, args=(proc.stderr,), daemon=True).start()
+        try:
+            proc.stdin.write(json.dumps(self.spec) + "\n")
+            proc.stdin.flush()
+        except OSError:
+            pass  # it died at once: its output ends, and its stderr says why
         first: list[dict[str, Any]] = []
         waiter = threading.Thread(target=lambda: first.append(_message(proc.stdout)), daemon=True)
         waiter.start()
@@ -102,7 +109,10 @@ class SamplerProcess:
         if ready is None or "ready" not in ready:
             self.stop()
             why = ready.get("error") if ready else None
-            raise SamplerProcessError(why or "the sampler's process did not start: run with --sampler thread")
+            said = f" ({self.said()})" if self.said() else ""
+            raise SamplerProcessError(
+                why or f"the sampler's process did not start{said}: run with --sampler thread"
+            )
 
     def follow(self, on_message: Callable[[dict[str, Any]], None]) -> None:
         """Hand every message to ``on_message`` until the child's output ends (blocking)."""
@@ -117,7 +127,17 @@ class SamplerProcess:
             code = self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return "its output closed"
-        return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        return f"{how}: {self.said()}" if self.said() else how
+
+    def said(self) -> str:
+        """The last line the child wrote on its stderr ('' for none): a traceback's last."""
+        lines = "".join(self._stderr).strip().splitlines()
+        return lines[-1] if lines else ""
+
+    def _keep_stderr(self, stream: IO[str]) -> None:
+        while chunk := stream.read(STDERR_KEPT):
+            self._stderr.append(chunk)
 
     def end(self) -> None:
         """Ask the child to take its last reading and exit: its output ends after both."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import random
 import sys
 import threading
@@ -139,6 +141,15 @@ class _SwitchInterval:
 _switch_interval = _SwitchInterval()
 
 
+@dataclass
+class _Ticking:
+    """The sampler's thread: ticking here, or following its own process."""
+
+    thread: threading.Thread
+    stop: threading.Event
+    failed: asyncio.Future[None]
+
+
 class Sampler:
     """Reads every source once per period, at absolute deadlines so it never drifts.
 
@@ -190,6 +201,7 @@ class Sampler:
         self.process = process
         self.pid: int | None = None  # that process's, once started
         self._child: SamplerProcess | None = None
+        self._ticking: _Ticking | None = None  # its thread, once sampling (or following the process)
         self.failure: str | None = None  # why it stopped sampling before the run ended
         self._child_events: dict[str, dict[str, int]] = {}
 
@@ -272,72 +284,98 @@ class Sampler:
         return self._row(t, t, self._read_all())
 
     async def start(self) -> None:
-        """Start the sampler's own process, where it has one, its sources opened there: the
-        run's first tick then does not wait for it (raises why it cannot start)."""
-        if self.process and self._child is None and self._sources:
-            child = SamplerProcess(
+        """Start the sampler's own process, where it has one, and follow it from now: its
+        sources open there before the run measures, and what it reads is logged as it comes,
+        the run's first tick not waiting for it (raises why it cannot start)."""
+        if self.process and self._ticking is None and self._sources:
+            # kept before it starts: a run stopped meanwhile still ends it (close)
+            self._child = child = SamplerProcess(
                 self._sources, self.period_ns / NS, self.t0_ns, self.realtime, self.probe_ns / NS
             )
             await asyncio.to_thread(child.start)
-            self._child, self.pid = child, child.pid
+            self.pid = child.pid
+            self._ticking = self._begin(functools.partial(self._follow, child))
 
     def close(self) -> None:
-        """End the sampler's own process, where it is still there (a run that never sampled)."""
+        """Stop sampling, and end the sampler's own process where it is still there (a run
+        that never got to sample)."""
+        if self._ticking is not None:
+            self._ticking.stop.set()
         if self._child is not None:
             self._child.stop()
+        if self._ticking is not None:
+            self._ticking.thread.join(timeout=5)
 
     async def sample_once(self) -> None:
-        """One reading now: the run's last. A sampler in its own process took it as it ended."""
-        if self.process and self.pid is not None:
+        """One reading now: the run's last. A sampler in its own process takes it as it ends
+        (ended here where the run never got to end it); one that died has none, rather than
+        one read here by counters that never tracked the device's (a RAPL wrap)."""
+        if self._child is None:
+            self._append(await asyncio.to_thread(self.reading_now))
             return
-        self._append(await asyncio.to_thread(self.reading_now))
+        ticking = self._ticking
+        if ticking is not None and ticking.thread.is_alive():
+            ticking.stop.set()
+            self._child.end()
+            await asyncio.to_thread(ticking.thread.join, 10)
+            await asyncio.to_thread(self._child.stop)
 
     async def run(self) -> None:
         """Sample until cancelled; the caller takes a final sample after the last request."""
         if not self._sources:
             return
+        await self.start()
+        threaded = self._ticking is None
+        if threaded:
+            _switch_interval.hold()
+            self._ticking = self._begin(self.tick)
+        ticking = self._ticking
+        assert ticking is not None
+        try:
+            await ticking.failed
+        finally:
+            ticking.stop.set()
+            if self._child is not None:
+                self._child.end()  # its last reading, then its output ends
+            try:
+                await asyncio.to_thread(ticking.thread.join)
+            finally:
+                ticking.thread.join()  # cancelled again: wait here, never leave it reading
+                if threaded:
+                    _switch_interval.release()
+                elif self._child is not None:
+                    self._child.stop()
+
+    def _begin(self, target: Callable[[threading.Event], None]) -> _Ticking:
+        """``target`` on a thread of its own until its stop event; what it raises fails the
+        future (run awaits it: on the loop, as an on-loop read would)."""
         loop = asyncio.get_running_loop()
         failed: asyncio.Future[None] = loop.create_future()
         stop = threading.Event()
-        await self.start()
-        child = self._child
 
         def fail(exc: BaseException) -> None:
             if not failed.done():
                 failed.set_exception(exc)
+                failed.exception()  # retrieved: a sampler closed before it ran awaits nothing
 
         def ticks() -> None:
             try:
-                if child is None:
-                    self.tick(stop)
-                else:
-                    child.follow(self._take)
-                    if not stop.is_set():
-                        raise SamplerProcessError(
-                            f"the sampler's process ended on its own ({child.ended()}): telemetry stopped there"
-                        )
-            except BaseException as exc:  # surfaces in the task, as an on-loop read would
+                target(stop)
+            except BaseException as exc:
                 self.failure = str(exc)
-                loop.call_soon_threadsafe(fail, exc)
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody to tell
+                    loop.call_soon_threadsafe(fail, exc)
 
-        ticker = threading.Thread(target=ticks, name="ipw-async-sampler", daemon=True)
-        if child is None:
-            _switch_interval.hold()
-        ticker.start()
-        try:
-            await failed
-        finally:
-            stop.set()
-            if child is not None:
-                child.end()  # its last reading, then its output ends
-            try:
-                await asyncio.to_thread(ticker.join)
-            finally:
-                ticker.join()  # cancelled again: wait here, never leave it reading
-                if child is None:
-                    _switch_interval.release()
-                else:
-                    child.stop()
+        thread = threading.Thread(target=ticks, name="ipw-async-sampler", daemon=True)
+        thread.start()
+        return _Ticking(thread, stop, failed)
+
+    def _follow(self, child: SamplerProcess, stop: threading.Event) -> None:
+        child.follow(self._take)
+        if not stop.is_set():
+            raise SamplerProcessError(
+                f"the sampler's process ended on its own ({child.ended()}): telemetry stopped there"
+            )
 
     def _take(self, message: dict[str, Any]) -> None:
         """One message of the sampler's process: a row with what changed, or its end."""

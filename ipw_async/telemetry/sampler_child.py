@@ -64,8 +64,9 @@ def serve(spec: dict[str, Any], out: IO[str]) -> None:
     def ticks() -> None:
         try:
             sampler.tick(stop)
-        except BaseException as exc:
+        except BaseException as exc:  # said at once: the run stops following and ends this process
             failed.append(exc)
+            send({"error": f"the sampler's process failed: {exc}"})
 
     ticker = threading.Thread(target=ticks, name="ipw-async-sampler", daemon=True)
     send({"ready": True})
@@ -74,7 +75,6 @@ def serve(spec: dict[str, Any], out: IO[str]) -> None:
     stop.set()
     ticker.join()
     if failed:
-        send({"error": f"the sampler's process failed: {failed[0]}"})
         return
     on_row(sampler.reading_now())  # the run's last
     # the whole process's CPU, not only its ticks': all of it is the sampler's
