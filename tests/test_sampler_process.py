@@ -4,12 +4,14 @@ client's interpreter left alone, and a child that never outlives its run."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import itertools
 import json
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +43,16 @@ class Fixed(TelemetrySource):
         return Reading({"fixed.power_w": 100.0})
 
 
+@contextlib.contextmanager
+def sim_sources(sim: SimulatorProcess, spec: str = "sim") -> Iterator[list[OpenSource]]:
+    """The simulator's device (and ``spec``'s other sources), opened here, closed after."""
+    setup = open_sources(spec, sim_root_url=sim.root_url)
+    try:
+        yield setup.opened
+    finally:
+        setup.close()
+
+
 def _opened(name: str, recipe: dict[str, object] | None) -> OpenSource:
     source = Fixed()
     source.name, source.recipe = name, recipe
@@ -61,16 +73,12 @@ def test_auto_moves_the_reads_that_cost_milliseconds_and_keeps_what_cannot_move(
 
 
 async def test_a_child_that_cannot_open_its_sources_says_so(sim: SimulatorProcess) -> None:
-    setup = open_sources("sim", sim_root_url=sim.root_url)
-    try:
-        source = setup.opened[0].source
-        source.recipe = {"name": "sim", "root_url": "http://127.0.0.1:9"}  # nobody serves there
-        sampler = Sampler(setup.opened, 0.05, now_ns(), probe_s=0, process=True)
+    with sim_sources(sim) as opened:
+        opened[0].source.recipe = {"name": "sim", "root_url": "http://127.0.0.1:9"}  # nobody serves there
+        sampler = Sampler(opened, 0.05, now_ns(), probe_s=0, process=True)
         with pytest.raises(SamplerProcessError, match=r"could not open its sources .*--sampler thread"):
             await sampler.start()
         assert sampler.pid is None
-    finally:
-        setup.close()
 
 
 # A pynvml module for both processes: the tests' fake, its GPU's counter rising 5 J a read
@@ -142,9 +150,8 @@ async def test_what_the_process_reads_before_the_run_samples_is_logged_as_it_com
 ) -> None:
     # between start (as the run opens) and run (its tasks, after the workers started) rows
     # keep coming: read as they come, a full pipe never holds the child's ticks up
-    setup = open_sources("sim,psutil", sim_root_url=sim.root_url)
-    try:
-        sampler = Sampler(setup.opened, 0.005, now_ns(), probe_s=0, process=True)
+    with sim_sources(sim, "sim,psutil") as opened:
+        sampler = Sampler(opened, 0.005, now_ns(), probe_s=0, process=True)
         await sampler.start()
         await asyncio.sleep(2.0)  # about 140 kB of rows at 5 ms: twice a pipe's 64 kB
         assert len(sampler.log) > 200 and sampler.skipped < 20
@@ -154,16 +161,13 @@ async def test_what_the_process_reads_before_the_run_samples_is_logged_as_it_com
         assert len(sampler.log) > before
         assert sampler.pid is not None and not psutil.pid_exists(sampler.pid)
         sampler.close()
-    finally:
-        setup.close()
 
 
 async def test_a_sampler_process_that_dies_mid_run_says_where_telemetry_stopped(
     sim: SimulatorProcess,
 ) -> None:
-    setup = open_sources("sim", sim_root_url=sim.root_url)
-    try:
-        sampler = Sampler(setup.opened, 0.05, now_ns(), probe_s=0, process=True)
+    with sim_sources(sim) as opened:
+        sampler = Sampler(opened, 0.05, now_ns(), probe_s=0, process=True)
         task = asyncio.create_task(sampler.run())
         for _ in range(200):
             if len(sampler.log) >= 3:
@@ -178,8 +182,6 @@ async def test_a_sampler_process_that_dies_mid_run_says_where_telemetry_stopped(
         kept = len(sampler.log)
         await sampler.sample_once()  # its last reading died with it: nothing made up
         assert len(sampler.log) == kept >= 3
-    finally:
-        setup.close()
 
 
 async def test_a_run_sampled_in_its_own_process_keeps_the_thread_s_log(
