@@ -105,8 +105,8 @@ class MeasureOptions:
             "Where telemetry is read: process (a process of its own, started in about a second: its "
             "reads and counter probes take no CPU and no interpreter time from the client), thread "
             "(a thread of the run's process), or auto (a process where a GPU is read through NVML "
-            "or AMD SMI, whose every read costs milliseconds of a CPU; a thread otherwise). A "
-            "source read through an agent or an exporter keeps the sampler a thread.",
+            "or AMD SMI or an exporter is scraped, whose every read costs a millisecond or more of "
+            "a CPU; a thread otherwise). A source read through an agent keeps the sampler a thread.",
             panel=TELEMETRY,
             choices=SAMPLER_PLACES,
         ),

@@ -1,9 +1,9 @@
 """The sampler in a process of its own, off the client's interpreter.
 
-In the run's process the sampler's reads share the interpreter with the event loop: psutil's
-and sysfs's Python hold the GIL, an NVML read costs milliseconds of a CPU on a GPU host, and
-the counter probes read back to back for a second every 20 s. Here a child process
-(:mod:`.sampler_child`) opens the same local sources again (:attr:`.base.TelemetrySource.recipe`),
+In the run's process the sampler's reads share the interpreter with the event loop: psutil's,
+sysfs's and a scrape's Python hold the GIL, an NVML read costs milliseconds of a CPU on a GPU
+host, and the counter probes read back to back for a second every 20 s. Here a child process
+(:mod:`.sampler_child`) opens the same sources again (:attr:`.base.TelemetrySource.recipe`),
 runs the same ticks and probes (:class:`.sampler.Sampler`) on the same monotonic clock
 (``CLOCK_MONOTONIC`` is one clock for every process of a machine), and sends each row as a line
 of JSON on its stdout, with the skipped ticks, the counters' learned grids and their resets as
@@ -31,9 +31,10 @@ from .cadence import CounterGrid
 START_TIMEOUT_S = 30.0  # importing and opening NVML on a loaded host can take seconds
 STDERR_KEPT = 4096  # of the child's stderr, the last this many characters (twice) are kept
 SAMPLER_PLACES = ("auto", "thread", "process")
-# sources whose every read costs milliseconds of a CPU (a driver's ioctl and its Python): by
-# default they are read in a process of their own
-_COSTLY = frozenset({"nvml", "amdsmi"})
+# sources whose every read costs a millisecond or more of a CPU, by default read in a process
+# of their own: a driver's call and its Python (NVML: about 3 ms on an H100 host), or a scrape
+# parsed in Python (about 1 ms for an 8-GPU DCGM exporter's 35 kB, all of it holding the GIL)
+_COSTLY = frozenset({"nvml", "amdsmi", "prometheus"})
 
 
 class SamplerProcessError(RuntimeError):
@@ -53,9 +54,9 @@ def sampler_place(asked: str, sources: list[OpenSource]) -> tuple[bool, str]:
         return True, "asked for"
     if asked == "thread":
         return False, "asked for"
-    costly = [r["name"] for r in recipes if r is not None and r["name"] in _COSTLY]
+    costly = sorted({r["name"] for r in recipes if r is not None and r["name"] in _COSTLY})
     if costly:
-        return True, f"{', '.join(costly)} reads cost milliseconds of a CPU each"
+        return True, f"{', '.join(costly)} reads cost a millisecond or more of a CPU each"
     return False, "its sources read in microseconds"
 
 

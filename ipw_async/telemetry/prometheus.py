@@ -100,6 +100,14 @@ class PrometheusSource(CountedSource):
         self._http = KeptAlive(where, timeout)
         self._columns: list[str] = []
         self.counters: dict[str, CounterTracker] = {}
+        # a scrape opens as well from the sampler's own process (its credentials travel there
+        # on a pipe, never in argv)
+        self.recipe = {
+            "name": "prometheus",
+            "url": url,
+            "token": token,
+            "ca_file": None if ca_file is None else str(ca_file),
+        }
 
     def _scrape(self) -> str:
         return self._http.get(self._target).decode("utf-8", "replace")

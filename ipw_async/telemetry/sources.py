@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from .amdsmi import AmdSmiSource
@@ -11,6 +12,7 @@ from .base import TelemetrySource
 from .cpu_model import CpuModelSource
 from .host import PsutilSource
 from .nvml import NvmlSource
+from .prometheus import PrometheusSource
 from .rapl import RaplSource
 from .sim import SimDeviceSource
 
@@ -52,4 +54,9 @@ def from_recipe(recipe: dict[str, Any]) -> TelemetrySource:
     own process, :mod:`.process`)."""
     if recipe["name"] == "sim":
         return SimDeviceSource(recipe["root_url"])
+    if recipe["name"] == "prometheus":
+        ca_file = recipe["ca_file"]
+        return PrometheusSource(
+            recipe["url"], token=recipe["token"], ca_file=None if ca_file is None else Path(ca_file)
+        )
     return make_source(recipe["name"], gpus=recipe["gpus"], pid=recipe["pid"])
