@@ -16,6 +16,9 @@ interval the sampler sets (0.5 ms), reads back to back with 2 ms between reads:
 - ``Python, 3 ms, own process``: the same reads in a process of their own, as
   ``--sampler process`` reads (``ipw_async.telemetry.process``).
 
+Then how long one real read of that kind takes: a DCGM exporter's page for 8 GPUs (22 fields
+each, as its default counters), parsed as ``--prometheus-url`` scrapes are parsed, in Python.
+
     python benchmarks/sampler_gil.py [--seconds 3] [--read-ms 3]
 """
 
@@ -33,6 +36,7 @@ from multiprocessing.synchronize import Event
 
 import numpy as np
 
+from ipw_async.telemetry.prometheus import parse
 from ipw_async.telemetry.sampler import SWITCH_INTERVAL_S
 
 LOOP_WORK_S = 0.0005  # the loop's own Python work per iteration
@@ -109,6 +113,44 @@ def main() -> None:
             print(f"{name:<28} {p50:>10.3f} ms {p99:>10.3f} ms")
     finally:
         sys.setswitchinterval(saved)
+    text = dcgm_page(gpus=8)
+    t0 = time.perf_counter()
+    for _ in range(PARSES):
+        list(parse(text))
+    each_ms = (time.perf_counter() - t0) / PARSES * 1e3
+    print(f"a DCGM exporter scrape, 8 GPUs ({len(text) / 1e3:.0f} kB), parsed in Python: {each_ms:.2f} ms")
+
+
+PARSES = 200
+DCGM_DEFAULT_FIELDS = (
+    "SM_CLOCK", "MEM_CLOCK", "MEMORY_TEMP", "GPU_TEMP", "POWER_USAGE", "POWER_USAGE_INSTANT",
+    "TOTAL_ENERGY_CONSUMPTION", "PCIE_REPLAY_COUNTER", "GPU_UTIL", "MEM_COPY_UTIL", "ENC_UTIL",
+    "DEC_UTIL", "XID_ERRORS", "FB_FREE", "FB_USED", "NVLINK_BANDWIDTH_TOTAL", "VGPU_LICENSE_STATUS",
+)  # fmt: skip
+DCGM_PROFILING_FIELDS = (
+    "GR_ENGINE_ACTIVE",
+    "PIPE_TENSOR_ACTIVE",
+    "DRAM_ACTIVE",
+    "PCIE_TX_BYTES",
+    "PCIE_RX_BYTES",
+)
+
+
+def dcgm_page(gpus: int) -> str:
+    """A DCGM exporter's page: each field's help and type, then a labelled sample per GPU."""
+    names = [f"DCGM_FI_DEV_{f}" for f in DCGM_DEFAULT_FIELDS] + [
+        f"DCGM_FI_PROF_{f}" for f in DCGM_PROFILING_FIELDS
+    ]
+    lines = []
+    for name in names:
+        lines += [f"# HELP {name} {name}.", f"# TYPE {name} gauge"]
+        for g in range(gpus):
+            labels = (
+                f'gpu="{g}",UUID="GPU-{g:08d}-0000-0000-0000-000000000000",device="nvidia{g}",'
+                'modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-host",DCGM_FI_DRIVER_VERSION="550.54.15"'
+            )
+            lines.append(f"{name}{{{labels}}} {1234.5 + g}")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
