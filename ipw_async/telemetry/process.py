@@ -33,7 +33,7 @@ STDERR_KEPT = 4096  # of the child's stderr, the last this many characters (twic
 SAMPLER_PLACES = ("auto", "thread", "process")
 # sources whose every read costs a millisecond or more of a CPU, by default read in a process
 # of their own: a driver's call and its Python (NVML: about 3 ms on an H100 host), or a scrape
-# parsed in Python (about 1 ms for an 8-GPU DCGM exporter's 35 kB, all of it holding the GIL)
+# parsed in Python (about 1 ms for an 8-GPU DCGM exporter's 37 kB, all of it holding the GIL)
 _COSTLY = frozenset({"nvml", "amdsmi", "prometheus"})
 
 
