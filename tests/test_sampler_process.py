@@ -54,6 +54,16 @@ def sim_sources(sim: SimulatorProcess, spec: str = "sim") -> Iterator[list[OpenS
         setup.close()
 
 
+async def sampled(sampler: Sampler, rows: int) -> asyncio.Task[None]:
+    """The sampler's run, started, once its log holds ``rows`` rows (or 10 s have passed)."""
+    task = asyncio.create_task(sampler.run())
+    for _ in range(200):
+        if len(sampler.log) >= rows:
+            break
+        await asyncio.sleep(0.05)
+    return task
+
+
 def _opened(name: str, recipe: dict[str, object] | None) -> OpenSource:
     source = Fixed()
     source.name, source.recipe = name, recipe
@@ -157,11 +167,7 @@ async def test_a_scrape_is_read_in_the_sampler_s_own_process_too(sim: SimulatorP
     try:
         assert sampler_place("auto", opened)[0]
         sampler = Sampler(opened, 0.05, now_ns(), probe_s=0, process=True)
-        task = asyncio.create_task(sampler.run())
-        for _ in range(200):
-            if len(sampler.log) >= 6:
-                break
-            await asyncio.sleep(0.05)
+        task = await sampled(sampler, 6)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     finally:
@@ -195,11 +201,7 @@ async def test_a_sampler_process_that_dies_mid_run_says_where_telemetry_stopped(
 ) -> None:
     with sim_sources(sim) as opened:
         sampler = Sampler(opened, 0.05, now_ns(), probe_s=0, process=True)
-        task = asyncio.create_task(sampler.run())
-        for _ in range(200):
-            if len(sampler.log) >= 3:
-                break
-            await asyncio.sleep(0.05)
+        task = await sampled(sampler, 3)
         assert sampler.pid is not None and len(sampler.log) >= 3
         os.kill(sampler.pid, signal.SIGKILL)
         with pytest.raises(SamplerProcessError, match="killed by signal 9"):
