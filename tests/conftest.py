@@ -21,6 +21,8 @@ from ipw_async.harness import RunConfig
 from ipw_async.records import RequestRecord
 from ipw_async.results import finalize
 from ipw_async.sim import EngineConfig, Faults, SimConfig, SimulatorProcess
+from ipw_async.telemetry.base import Reading, SourceInfo
+from ipw_async.telemetry.prometheus import PrometheusSource
 from ipw_async.transport.scripted import Reply, ScriptedNetwork
 
 # A fresh checkout compiles each module the first time a run imports it, mid-run: compiled
@@ -147,3 +149,12 @@ def metrics_exporter(body: bytes) -> Iterator[tuple[str, list[str]]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def scrape_once(url: str) -> tuple[PrometheusSource, SourceInfo, Reading]:
+    """A Prometheus source at ``url``, opened, read once and closed: it, what it opened, its reading."""
+    source = PrometheusSource(url)
+    try:
+        return source, source.open(), source.read()
+    finally:
+        source.close()

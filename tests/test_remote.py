@@ -29,7 +29,7 @@ from ipw_async.telemetry import OpenSource
 from ipw_async.telemetry.prometheus import PrometheusSource, parse
 from ipw_async.telemetry_agent import READ_INTERVAL_S, AgentProcess, AgentServer
 
-from .conftest import fast_engine, metrics_exporter, quick_config
+from .conftest import fast_engine, metrics_exporter, quick_config, scrape_once
 from .test_sources import FakeGpu, nvml_source
 
 # agents' clock offsets, round trips and gaps are measured here: no other test beside them
@@ -191,12 +191,7 @@ DCGM_FI_DEV_POWER_USAGE_INSTANT{gpu="1",modelName="NVIDIA H100 80GB HBM3"} 455.0
 """
 
     with metrics_exporter(text) as (root, _):
-        source = PrometheusSource(f"{root}/metrics")
-        try:
-            info = source.open()
-            reading = source.read()
-        finally:
-            source.close()
+        _, info, reading = scrape_once(f"{root}/metrics")
     meters = {m.channel.split("@")[0]: m for m in info.meters}
     assert [(m.kind, m.power_quantity, m.window_ns) for m in meters.values()] == [
         ("counter", "avg_power_w", 0.0),  # the counter's energy is the device's own, unshifted

@@ -19,9 +19,8 @@ from ipw_async.harness.setup import in_clear_warning
 from ipw_async.sim import SimulatorProcess
 from ipw_async.telemetry import RemoteAccess
 from ipw_async.telemetry.http import in_clear, redact_url, redact_urls
-from ipw_async.telemetry.prometheus import PrometheusSource
 
-from .conftest import finished_short_run, metrics_exporter
+from .conftest import finished_short_run, metrics_exporter, scrape_once
 
 
 @pytest.mark.parametrize(
@@ -111,12 +110,7 @@ def exporter() -> Iterator[tuple[str, list[str]]]:
 
 def test_a_metrics_url_query_is_sent_as_given_and_shown_redacted(exporter: tuple[str, list[str]]) -> None:
     root, asked = exporter
-    source = PrometheusSource(f"{root}/metrics?token=SECRET-Q&format=text")
-    try:
-        info = source.open()
-        reading = source.read()
-    finally:
-        source.close()
+    source, info, reading = scrape_once(f"{root}/metrics?token=SECRET-Q&format=text")
     assert asked == ["/metrics?token=SECRET-Q&format=text"] * 2
     assert source.url == f"{root}/metrics?token=***&format=text"
     assert "SECRET-Q" not in info.description and source.url in info.description
