@@ -155,7 +155,7 @@ class TelemetrySource(abc.ABC):
 
     name: str
     # how another process opens the same source (:func:`.sources.from_recipe`); None for one
-    # that cannot be opened twice (an agent's stream, an exporter) or was made by hand
+    # that cannot be opened twice (an agent's stream, followed by threads here) or was made by hand
     recipe: dict[str, Any] | None = None
 
     @abc.abstractmethod
