@@ -63,11 +63,19 @@ def describe_step_costs(model: dict[str, Any]) -> str:
 
 
 def describe_model(model: dict[str, Any]) -> str:
-    """A fitted model in one line: step costs (:func:`describe_step_costs`), or a power model:
-    which effects the run chose, static + per-step + scale · work^exponent, its cap, lag, drift
-    and fit."""
-    if "costs" in model:
-        return describe_step_costs(model)
+    """A fitted model in one line: step costs (:func:`describe_step_costs`), or a power model
+    (:func:`_describe_power_model`), and the stretches an instant power field was kept over."""
+    described = describe_step_costs(model) if "costs" in model else _describe_power_model(model)
+    kept = model.get("conserved_over")
+    if not kept:
+        return described
+    stretch = "the whole run" if kept["length_s"] is None else f"{kept['length_s']:g} s stretches"
+    return f"{described}; its instant power kept over {stretch}"
+
+
+def _describe_power_model(model: dict[str, Any]) -> str:
+    """A power model in one line: which effects the run chose, static + per-step + scale ·
+    work^exponent, its cap, lag, drift and fit."""
     cap = f", cap {model['cap_w']:,.0f} W" if model.get("cap_w") is not None else ""
     fit = f", R² {model['r2']:.3f}" if model.get("r2") is not None else ""
     step = f" + {model['step_w']:.3g} W a step" if model.get("step_w") else ""

@@ -9,7 +9,8 @@ capture sizes and batch layout chosen from the step times),
 :mod:`.fit` (the device's power model, its parameters as a table, fitted as richly as the run
 supports) with :mod:`.prefill` (whether the run tells a prompt token's weight), :mod:`.drift`
 and :mod:`.lag` (static power that drifts, a meter that lags),
-:mod:`.stepcost` (the step costs of accounting convention v2, fitted), :mod:`.split` (the
+:mod:`.stepcost` (the step costs of accounting convention v2, fitted), :mod:`.pooling` (the
+stretches an instant power field's energy is kept over), :mod:`.split` (the
 conservation-keeping split), :mod:`.band` (the least and most each query could have used) and
 :mod:`.attribute` (per meter, the rule, the columns and the summary).
 """

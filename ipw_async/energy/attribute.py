@@ -14,7 +14,7 @@ sequential profiler reports (it counts overlaps again: no conservation, no band)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -30,6 +30,7 @@ from .counter import VirtualCounter, counter_timing, covering, idle_power, serie
 from .fit import fit, parse_effects
 from .model import PowerModel
 from .padding import AUTO, CaptureSizes, parse_capture_sizes
+from .pooling import Pooling, choose_pooling, pooled
 from .problem import Problem, design
 from .split import Segments, StepShares, Timeline, equal_segments, safe_div
 from .stepcost import (
@@ -394,6 +395,7 @@ def attribute_meter(
         vc.window_ns,
     )
     window = np.interp(end, vc.t, vc.e) - np.interp(sent, vc.t, vc.e)
+    vc, inputs, pooling = _kept_over_stretches(meter, vc, inputs, rule)
     if rule is None:
         estimate = _window_estimate(vc, inputs, window)
     elif cost is not None:
@@ -404,7 +406,7 @@ def attribute_meter(
     provenance = [base_prov if base_prov == "estimated" or imp <= 0 else "imputed" for imp in imputed_part]
     total = timeline.total
     attributed = float(energy.sum())
-    fitted = _described(cost if cost is not None else model, work.steps, choice)
+    fitted = _described(cost if cost is not None else model, work.steps, choice, pooling)
     return MeterResult(
         meter=meter.channel,
         kind=meter.kind,
@@ -429,20 +431,59 @@ def attribute_meter(
             "window_overcount": float(window.sum()) / (total - idle) if total - idle > 0 else None,
             "baseline_w": baseline,
             **({"power_model": fitted} if fitted else {}),
-            "span_s": float((vc.t[-1] - vc.t[0]) / NS),
-            **counter_timing(meter),
-            **_distrusted(meter),
-            # the device averaged the power integrated over this long: each step's energy was
-            # placed that much later, as the meter saw it
-            **({"power_averaged_over_s": vc.window_ns / NS} if vc.window_ns else {}),
+            **_how_read(meter, vc),
         },
     )
 
 
+def _how_read(meter: Meter, vc: VirtualCounter) -> dict[str, Any]:
+    """The summary's account of how the meter was read: its span, its counter's timing, why it
+    was distrusted and the window its power was averaged over (each step's energy placed that
+    much later, as the meter saw it)."""
+    return {
+        "span_s": float((vc.t[-1] - vc.t[0]) / NS),
+        **counter_timing(meter),
+        **_distrusted(meter),
+        **({"power_averaged_over_s": vc.window_ns / NS} if vc.window_ns else {}),
+    }
+
+
+def _kept_over_stretches(
+    meter: Meter, vc: VirtualCounter, inputs: _Inputs, rule: Callable[[_Inputs], Split] | None
+) -> tuple[VirtualCounter, _Inputs, Pooling | None]:
+    """An instant power meter's counter pooled over the stretches its energy is best kept over
+    (:mod:`.pooling`) by the model that splits it (step costs, or a power model), and the
+    inputs whose design reads the stretches; as they were for any other meter or rule, or
+    where the run is too short to tell. A power the device averaged integrates itself."""
+    if meter.kind != "power" or vc.window_ns or rule not in (_steps, _fitted):
+        return vc, inputs, None
+    if inputs.step_cost is None and inputs.model is None:
+        return vc, inputs, None
+    split = rule(inputs)
+    if split.shares is None:
+        return vc, inputs, None
+    modelled = np.asarray(split.shares.seen.sum(axis=1)).ravel()
+    dt = np.diff(vc.t) / NS
+    static = split.static((vc.t[:-1] + vc.t[1:]) / 2.0) if callable(split.static) else split.static
+    pooling = choose_pooling(vc, modelled, np.zeros_like(dt) if static is None else np.asarray(static) * dt)
+    if pooling is None:
+        return vc, inputs, None
+    stretches = pooled(vc, pooling.length_s)
+    designs: dict[float, sparse.csr_matrix] = {}
+
+    def design_at(lag_ms: float) -> sparse.csr_matrix:
+        if lag_ms not in designs:
+            designs[lag_ms] = design(stretches.t, inputs.work.steps, lag_ms, stretches.window_ns)
+        return designs[lag_ms]
+
+    return stretches, replace(inputs, designs=design_at), pooling
+
+
 def _described(
-    described: StepCost | PowerModel | None, steps: Steps, choice: dict[str, Any]
+    described: StepCost | PowerModel | None, steps: Steps, choice: dict[str, Any], pooling: Pooling | None
 ) -> dict[str, Any]:
-    """The summary's ``power_model``: the model that split, the steps it split and why it was chosen."""
+    """The summary's ``power_model``: the model that split, the steps it split, why it was
+    chosen and the stretches of an instant power field it split."""
     if described is None:
         return {}
     return (
@@ -454,6 +495,7 @@ def _described(
             "steps": steps.count,
         }
         | ({"chosen_by": choice} if choice else {})
+        | ({"conserved_over": pooling.as_dict()} if pooling is not None else {})
     )
 
 

@@ -29,6 +29,9 @@ class VirtualCounter:
     # the device averaged the power it reported over this long (ns): a step's energy reaches
     # the counter spread evenly over the window after it (0: as it was drawn)
     window_ns: float = 0.0
+    # per knot interval, how many of the meter's own intervals it holds (None: one each): a
+    # power meter's energy kept over stretches of readings (:mod:`.pooling`)
+    held: np.ndarray | None = None
 
     @property
     def energies(self) -> np.ndarray:

@@ -105,6 +105,7 @@ class Timeline:
         self.knot_of = np.clip(np.searchsorted(vc.t, mid) - 1, 0, vc.imputed.size - 1)
         self.knots = vc.t.size - 1
         self.imputed = vc.imputed[self.knot_of]
+        self.held = 1.0 if vc.held is None else vc.held[self.knot_of]  # the meter's intervals in each
         self.n = n
         self.active = active
         # each segment set's place on the timeline, kept: the band splits the same segments
@@ -122,9 +123,10 @@ class Timeline:
         return out
 
     def intervals_spanned(self) -> np.ndarray:
-        """Per request, how many meter intervals its window spans (fractionally)."""
+        """Per request, how many of the meter's own intervals its window spans (fractionally;
+        a stretch they were pooled into counts what it holds)."""
         knot_len = np.bincount(self.knot_of, weights=self.dt, minlength=self.knots)[self.knot_of]
-        return share(self.active, self.ia_eq, self.ib_eq, safe_div(self.dt, knot_len), self.n)
+        return share(self.active, self.ia_eq, self.ib_eq, safe_div(self.dt, knot_len) * self.held, self.n)
 
     def unexplained(self, work: Segments, baseline: float | None) -> tuple[np.ndarray, float | None]:
         """Per piece, its part of the energy that a fit of each meter interval's energy as
