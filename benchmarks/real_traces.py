@@ -208,12 +208,20 @@ def without_counter(run: Path, workdir: Path, quantity: str) -> Path:
 
 def power_scores(run: Path, workdir: Path) -> list[tuple[str, Score]]:
     """The default rule's score on ``run`` read without its counter (:func:`without_counter`),
-    from its GPU's average power and from its instant power."""
+    from its GPU's average power and from its instant power (named with the stretches of
+    readings its energy was kept over, where it was)."""
     ref = reference(run)
-    return [
-        (name, score(by_default(without_counter(run, workdir, quantity)), ref))
-        for quantity, name in (("avg_power_w", "its 1 s average"), ("power_w", "its instant field"))
-    ]
+    out = []
+    for quantity, name in (("avg_power_w", "its 1 s average"), ("power_w", "its instant field")):
+        copy = without_counter(run, workdir, quantity)
+        records = by_default(copy)
+        summary = json.loads((copy / "summary.json").read_text())
+        kept = summary["energy"]["meters"]["gpu0"].get("power_model", {}).get("conserved_over")
+        if kept:
+            length = kept["length_s"]
+            name += f" (kept over {'the whole run' if length is None else f'{length:g} s'})"
+        out.append((name, score(records, ref)))
+    return out
 
 
 SHIFTS_MS = range(-40, 45, 5)  # the meter shifts the rebuild tries, ms
