@@ -1,4 +1,4 @@
-"""How long a stretch of a power meter's readings its energy is kept over.
+"""How long a stretch of an instant power field's readings its energy is kept over.
 
 A counter integrates: each of its intervals holds the energy drawn in it. A power field read
 now and then does not: an instant reading is a point sample of a power that changes with every
@@ -10,9 +10,9 @@ interval by interval, that noise is what each request is charged (on the 128-str
 Poisson runs, p95 32% and 31% against the reference; kept over the stretches chosen here, 7.8%
 and 11.1%).
 
-So a power meter's energy is conserved over stretches of readings, and inside each stretch it
-goes where the model that split (step costs or a power model, fitted to every reading) says
-the steps put it. A stretch too short keeps the readings' noise; one too long keeps the
+So an instant field's energy is conserved over stretches of readings, and inside each stretch
+it goes where the model that splits it (step costs or a power model, fitted to every reading)
+says the steps put it. A stretch too short keeps the readings' noise; one too long keeps the
 model's misfit (a drift or a load it does not describe). The length is the run's to say, by
 blocked cross-validation: the run is cut into blocks of 1 s, and each block's energy is
 predicted from the other blocks' readings within each candidate length around it, spread by
@@ -30,7 +30,7 @@ import numpy as np
 from .._clock import NS
 from .counter import VirtualCounter
 
-BLOCK_S = 1.0  # the held-out blocks: many readings, each far longer than a burst of steps
+BLOCK_S = 1.0  # the held-out blocks: 20 readings at 50 ms, long beside a burst of steps
 # Stretch lengths tried (s), around each held-out block; inf: the whole run.
 POOL_LENGTHS_S = (4.0, 8.0, 16.0, 32.0, 64.0, float("inf"))
 MIN_BLOCKS = 8  # fewer, and the run cannot tell the lengths apart: it keeps every interval
