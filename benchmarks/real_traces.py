@@ -50,7 +50,8 @@ the same GPU the fit has less of.
 **Without the counter.** ``--without-counter`` also scores each run read as a device without
 an energy counter (or one whose counter was distrusted) reads: its energy column dropped, the
 default rule integrates the power it logged beside, the device's 1 s average (placed a window
-late) or, in a second copy, the instant field alone.
+late) or, in a second copy, the instant field alone; and how far that instant field, integrated,
+strays from the counter over 1 s and 10 s windows and over the run.
 
     python benchmarks/real_traces.py [--traces ../shared/traces] [--rules steps,tokens,equal]
         [--cuts 0.25,0.5] [--without-counter]
@@ -221,6 +222,25 @@ def power_scores(run: Path, workdir: Path) -> list[tuple[str, Score]]:
             length = kept["length_s"]
             name += f" (kept over {'the whole run' if length is None else f'{length:g} s'})"
         out.append((name, score(records, ref)))
+    return out
+
+
+def instant_against_counter(run: Path, windows_s: tuple[float, ...] = (1.0, 10.0)) -> dict[str, float]:
+    """How far the GPU's instant power field, integrated by the trapezoid rule, strays from its
+    energy counter: the standard deviation of their ratio over consecutive windows of each
+    length (``"1 s"``, ``"10 s"``), and the ratio over the whole run (``"run"``)."""
+    from ipw_async.rundir.files import read_arrow
+
+    manifest = json.loads((run / "run" / "run.json").read_text())
+    gpu = next(m for m in manifest["telemetry"]["meters"] if m["accelerator"])
+    columns = [f"{gpu['source']}.t_ns", f"{gpu['channel']}.energy_j", f"{gpu['channel']}.power_w"]
+    t, energy, power = read_arrow(run / "run" / "telemetry.arrow").select(columns).drop_nulls().to_numpy().T
+    integral = np.concatenate(([0.0], np.cumsum((power[1:] + power[:-1]) / 2 * np.diff(t) / 1e9)))
+    out = {"run": float(integral[-1] / (energy[-1] - energy[0]))}
+    for window in windows_s:
+        edges = np.searchsorted(t, np.arange(t[0], t[-1], window * 1e9))
+        counted, integrated = np.diff(energy[edges]), np.diff(integral[edges])
+        out[f"{window:g} s"] = float(np.std(integrated[counted > 0] / counted[counted > 0]))
     return out
 
 
@@ -536,6 +556,13 @@ def main() -> None:
                         )
                         if rebuildable(run):
                             print(f"{'':28s} {against_rebuilt(run, records, model['static_w'])}")
+                    if args.without_counter:
+                        spread = instant_against_counter(run)
+                        print(
+                            f"{'':28s} its instant field integrated against its counter: ratio "
+                            f"{spread['run']:.3f} over the run, standard deviation "
+                            + ", ".join(f"{v:.1%} over {k}" for k, v in spread.items() if k != "run")
+                        )
                     for name, power in power_scores(run, Path(tmp)) if args.without_counter else []:
                         print(
                             f"{'':28s} without its counter, from {name}: p50 {power.p50:.1%} p95 {power.p95:.1%} "

@@ -4,8 +4,9 @@ A counter integrates: each of its intervals holds the energy drawn in it. A powe
 now and then does not: an instant reading is a point sample of a power that changes with every
 engine step, and the trapezoid between two readings 50 ms apart is off by whatever the steps
 between them did. On a real H100 the integrated instant field and the energy counter agree
-within 1.1% over a whole run, but over 1 s their ratio moves by 6–13% (one standard deviation)
-and over 10 s by 1.5–4%: sampling noise, falling as the square root of the readings. Kept
+within 0.9% over a whole run, but over 1 s their ratio moves by 5–13% (one standard deviation)
+and over 10 s by 1.6–4.8% (``benchmarks/real_traces.py --without-counter``): sampling noise,
+falling about as the square root of the readings. Kept
 interval by interval, that noise is what each request is charged (on the 128-stream and
 Poisson runs, p95 32% and 31% against the reference; kept over the stretches chosen here, 7.8%
 and 11.1%).
