@@ -48,10 +48,13 @@ Each draw's simulator also logs its steps, so five more rows say where an error 
 meter's resolution, and no rule can do better from it), ``default, sim steps`` is the default
 rule with the simulator's own steps in place of the ones it infers (its step costs, or the
 power model where it chooses one, fitted over them: what it adds to the floor is the model's
-form and fit), ``sim power model`` splits by the simulator's power model over its own steps
-(it has no term for graph, forward or per-token joules), ``sim model`` by that model over the
-steps the run inferred, and ``fit, true effects`` is the fitted rule told which effects the
-device has (``--power-model``). A last table gives each draw's default p95 built up over the
+form and fit; the logged steps carry each decoder's work as the device weighed it, its
+context and padding in, so this row is given the context weight the rule otherwise fits, and
+a draw the last table says its inferred steps bound may be bound by that weight), ``sim power
+model`` splits by the simulator's power model over its own steps (it has no term for graph,
+forward or per-token joules), ``sim model`` by that model over the steps the run inferred,
+and ``fit, true effects`` is the fitted rule told which effects the device has
+(``--power-model``). A last table gives each draw's default p95 built up over the
 meter, the rule's model and the inferred steps, and the stage that bounds it. Each draw's
 line names the decode graphs' padding the default chose (``|``: sizes that pad its batches
 alike) beside the one the engine ran, and the aggregate says how often the step times told
