@@ -96,6 +96,21 @@ def test_a_counter_as_fast_as_its_reads_is_read_as_current() -> None:
     assert (grid.last_update(t) == t).all()
 
 
+def test_a_probe_slowed_by_a_busy_host_still_times_a_20_ms_counter() -> None:
+    # reads 3–9 ms apart, a third of a 20 ms counter's period: too coarse for a sharp
+    # bracket at each update, fine for the fit. Taken for a counter as fast as its reads,
+    # the run timed each read as it came, up to a whole period late (10 ms on average).
+    # Two seconds of reads: the sampler reads on while its brackets leave the phase loose
+    rng = np.random.default_rng(5)
+    for phase in rng.uniform(0, 20, 10):
+        t = np.cumsum(rng.uniform(3.0, 9.0, 340)) * MS
+        grid = learn_grid(t, stepped_counter(t, 20.0, phase))
+        assert grid is not None and grid.period_ns == pytest.approx(20 * MS, rel=1e-2)
+        later = t[-1] + rng.uniform(0, NS, 200)  # the run's reads in the second after the probe
+        truth = phase * MS + np.floor((later - phase * MS) / (20 * MS)) * 20 * MS
+        assert np.mean(np.abs(grid.last_update(later) - truth)) < 4 * MS
+
+
 def test_no_grid_from_too_few_or_irregular_updates() -> None:
     t = np.arange(0, 1000, 2.0) * MS
     assert learn_grid(t, stepped_counter(t, 400.0, 10.0)) is None  # two updates in the probe

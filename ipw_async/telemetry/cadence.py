@@ -128,23 +128,34 @@ def learn_grid(t: np.ndarray, e: np.ndarray) -> CounterGrid | None:
         return None
     start = float(t[0])
     resolution = float(np.median(np.diff(t)))
-    if changed.size >= 0.5 * (t.size - 1):
-        return CounterGrid(0.0, 0.0, start)  # changed between most reads: never staler than one
     updates = (t[changed - 1] + t[changed]) / 2.0  # each to within half a probe read
     period = float(np.median(np.diff(updates)))
-    if period < 4 * resolution:
+    grid = _fit_grid(t, changed, updates, period, start, resolution)
+    if grid is None and (period < 4 * resolution or changed.size >= 0.5 * (t.size - 1)):
+        # Too few reads an update to time them, and no fit: the value is a few reads old at
+        # most. Only where the fit fails: a probe slowed to 6 ms reads on a busy host saw a
+        # 20 ms counter this way, and a read timed as it came was then 10 ms off on average.
         return CounterGrid(0.0, 0.0, start)
-    # a read delayed by a busy machine brackets its update loosely: leave it out of the fit
-    sharp = t[changed] - t[changed - 1] < period / 4
-    updates, before, after = updates[sharp], t[changed - 1][sharp], t[changed][sharp]
-    if updates.size < MIN_UPDATES:
-        return None
-    # Number the updates gap by gap: the median gap is quantised to the reads' 2 ms, so
-    # dividing the whole span by it would drift off a 33.3 ms counter within a second.
+    return grid
+
+
+def _fit_grid(
+    t: np.ndarray, changed: np.ndarray, updates: np.ndarray, period: float, start: float, resolution: float
+) -> CounterGrid | None:
+    """The grid through the updates bracketed by ``t`` (changes at ``changed``, timed to
+    ``updates``, about ``period`` apart), or None where they do not lie on one."""
+    # Number the updates gap by gap, every one of them: the median gap is quantised to the
+    # reads' 2 ms, so dividing the whole span by it would drift off a 33.3 ms counter within a
+    # second, and so would the gaps between sharp brackets alone (several periods long)
     steps = np.round(np.diff(updates) / period)
     if (steps < 1).any():
         return None  # two updates much closer than the period: not periodic
     k = np.concatenate(([0.0], np.cumsum(steps)))
+    # a read delayed by a busy machine brackets its update loosely: leave it out of the fit
+    sharp = t[changed] - t[changed - 1] < period / 4
+    k, updates, before, after = k[sharp], updates[sharp], t[changed - 1][sharp], t[changed][sharp]
+    if updates.size < MIN_UPDATES:
+        return None
     slope, intercept = np.polyfit(k, updates, 1)
     if np.max(np.abs(updates - (intercept + slope * k))) > period / 4:
         return None  # not periodic
@@ -154,9 +165,7 @@ def learn_grid(t: np.ndarray, e: np.ndarray) -> CounterGrid | None:
     period, phase = _within_brackets(k, before, after, slope, intercept, 2 * slope_error)
     scatter = float(np.max(np.abs(updates - (phase + period * k))))
     # the update mid-probe: a period off by some µs tilts the grid least there
-    return CounterGrid(
-        period, phase + float(np.median(k).round()) * period, start, max(resolution, scatter)
-    )
+    return CounterGrid(period, phase + float(np.median(k).round()) * period, start, max(resolution, scatter))
 
 
 def settled(t: np.ndarray, e: np.ndarray, grid: CounterGrid) -> bool:
