@@ -152,7 +152,9 @@ async def test_closed_loop_ramp_stops_at_the_deadline() -> None:
     spec = LoadSpec(concurrency=6, ramp="exponential", ramp_duration=2.0, ramp_start=1.0)
     rec = Recorder(0.05)
     took = await _drive(spec, itertools.count(), rec, until_s=0.5)
-    assert 0.5 <= took < 0.65  # the units started before it finish; none start after
+    # the units started before it finish (50 ms each); none start after, and the drive does not
+    # wait out the 2 s ramp (a loaded host wakes the last unit's sleep late: not 0.65 s)
+    assert 0.5 <= took < 1.0
     assert rec.samples and max(t for t, _ in rec.samples) < 0.5
     assert rec.units == sorted(rec.units) == list(range(len(rec.units)))
 
