@@ -9,9 +9,14 @@
 2. Counter grids through an agent. The simulated device's counter updates every 100 ms at
    known instants (no jitter); the grids the run learned, read locally and through an agent
    whose clock reads ``--shift-s`` ahead, against those instants.
+3. Probes slowed by a busy host. A probe reads every 2 ms, but a loaded host (or a read that
+   costs ms, as NVML's does on some) spaces its reads further. Counters of 10–100 ms read at
+   jittered intervals averaging 2–10 ms for two seconds (no run: the grid fit alone, 20 phases
+   each); per case, how the grid came out and how far a read in the next second is timed from
+   the update it saw.
 
     python benchmarks/fleet_telemetry.py [--duration 20] [--hang-s 5] [--shift-s 37.5]
-                                         [--repeats 3] [--only hang|grids]
+                                         [--repeats 3] [--only hang|grids|slow-probe]
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from scale import device_run
 
 from ipw_async import RunConfig, run_benchmark
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
+from ipw_async.telemetry.cadence import learn_grid
 from ipw_async.telemetry_agent import AgentProcess
 
 PERIOD_MS = 100.0
@@ -110,18 +116,22 @@ def main() -> None:
     parser.add_argument("--hang-s", type=float, default=5.0)
     parser.add_argument("--shift-s", type=float, default=37.5, help="how far ahead the agent's clock reads")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each grid row (each learns 4 grids)")
-    parser.add_argument("--only", choices=("hang", "grids"), help="one part alone")
+    parser.add_argument("--only", choices=("hang", "grids", "slow-probe"), help="one part alone")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        if args.only != "grids":
+        if args.only in (None, "hang"):
             hang_rows(args, tmp)
-        if args.only != "hang":
+        if args.only in (None, "grids"):
             grid_rows(args, tmp)
+        if args.only in (None, "slow-probe"):
+            slow_probe_rows()
 
 
 def hang_rows(args: argparse.Namespace, tmp: Path) -> None:
-    print(f"1. a hung agent: c=8, {args.duration:g} s, the device through an agent, this machine's meters local")
+    print(
+        f"1. a hung agent: c=8, {args.duration:g} s, the device through an agent, this machine's meters local"
+    )
     print(
         f"   {'agent':<18} {'local gap':>10} {'skipped':>8} {'late p99':>9} {'agent gap':>10} "
         f"{'imputed':>9} {'queries imputed':>16}"
@@ -141,10 +151,48 @@ def grid_rows(args: argparse.Namespace, tmp: Path) -> None:
         grids = sum(r["grids"] for r in runs)
         worst = ", ".join(f"{r['max_ms']:.3f}" for r in runs)
         medians = ", ".join(f"{r['median_ms']:.3f}" for r in runs)
-        print(f"   {label:<34} {grids} grids in {len(runs)} runs, phase error max {worst} ms, median {medians} ms")
+        print(
+            f"   {label:<34} {grids} grids in {len(runs)} runs, phase error max {worst} ms, median {medians} ms"
+        )
         if how == "agent":  # a grid through an agent is as good as the clock offset it is moved by
             offsets = ", ".join(f"{r['offset_error_ms'] * 1000:+.0f}" for r in runs)
             print(f"   {'':<34} the agent's clock offset found off the injected one by {offsets} µs")
+
+
+def slow_probe(period_ms: float, read_ms: float, rng: np.random.Generator) -> tuple[str, float]:
+    """One probe of a counter updating every ``period_ms`` read about every ``read_ms`` for 2 s:
+    what it learned ("grid", "fast": as fast as its reads, "none") and the mean error, in ms,
+    of the update a read in the next second is timed to (reads at any phase: the run's ticks,
+    moved clear of the updates, fare better)."""
+    ms = 1e6
+    phase = rng.uniform(0, period_ms) * ms
+    t = np.cumsum(rng.uniform(0.5, 1.5, int(2000 / read_ms)) * read_ms * ms)
+    seen = np.floor((t - phase) / (period_ms * ms))  # the counter's value: its updates so far
+    grid = learn_grid(t, seen)
+    if grid is None:
+        return "none", float("nan")  # the run times such reads to the midpoint between ticks
+    reads = t[-1] + rng.uniform(0, 1000 * ms, 200)  # at any phase: the sampler moves its ticks clear
+    truth = phase + np.floor((reads - phase) / (period_ms * ms)) * period_ms * ms
+    return ("fast" if grid.period_ns == 0 else "grid"), float(
+        np.mean(np.abs(grid.last_update(reads) - truth)) / ms
+    )
+
+
+def slow_probe_rows() -> None:
+    print("\n3. probes slowed by a busy host: the grid fit alone, 20 phases a case")
+    print(f"   {'counter':>8} {'reads every':>12} {'learned':>22} {'read timing error, mean (worst)':>33}")
+    rng = np.random.default_rng(0)
+    for period in (10.0, 20.0, 33.3, 100.0):
+        for read in (2.0, 4.0, 6.0, 10.0):
+            probes = [slow_probe(period, read, rng) for _ in range(20)]
+            kinds = ", ".join(
+                f"{k} {sum(p[0] == k for p in probes)}"
+                for k in ("grid", "fast", "none")
+                if any(p[0] == k for p in probes)
+            )
+            errors = np.array([e for _, e in probes if not np.isnan(e)])
+            timing = f"{np.mean(errors):.2f} ({np.max(errors):.2f}) ms" if errors.size else "-"
+            print(f"   {period:>5.1f} ms {read:>9.0f} ms {kinds:>22} {timing:>33}")
 
 
 if __name__ == "__main__":
