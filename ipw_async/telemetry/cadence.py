@@ -122,6 +122,8 @@ def learn_grid(t: np.ndarray, e: np.ndarray) -> CounterGrid | None:
 
     None when it changed fewer than ``MIN_UPDATES`` times (slower than the probe is long), or
     when its changes are not periodic: those reads are then timed to the midpoint as before.
+    Where no grid fits updates that came within four reads of each other, or between most
+    reads, the counter is taken as fast as its reads (period 0): each value timed as read.
     """
     changed = np.flatnonzero(np.diff(e) > 0) + 1
     if changed.size < MIN_UPDATES:
