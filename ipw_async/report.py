@@ -84,6 +84,7 @@ def _describe_power_model(model: dict[str, Any]) -> str:
         if model.get("context_weight_per_ktoken")
         else ""
     )
+    padding = f", {model['padding_weight']:.0%} of padded rows worked" if model.get("padding_weight") else ""
     lag = f", meter lag {model['lag_ms']:.0f} ms" if model.get("lag_ms") else ""
     drift = (model.get("static_drift") or {}).get("coef_w")
     drifting = ", static drifts" if drift else ""
@@ -96,7 +97,7 @@ def _describe_power_model(model: dict[str, Any]) -> str:
     )
     return (
         f"{name}{model['static_w']:,.1f} W{step} + {model['scale_w']:.3g}·work^{model['exponent']:.2f} W{cap}"
-        f"{context}; prefill token = {model['prefill_weight']:.2f} decode{lag}{drifting}{fit}{chosen}"
+        f"{padding}{context}; prefill token = {model['prefill_weight']:.2f} decode{lag}{drifting}{fit}{chosen}"
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -184,11 +185,14 @@ def synthetic(
     leak_w: float = 0.0,
     stretch_at_w: float | None = None,
     load: np.ndarray | None = None,
+    padded_rows: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, Steps]:
     """Back-to-back 10–40 ms steps of varying batch (``load``: its mean per step), context and
     prefill, read by a 100 ms counter: ``model``'s physics, plus a meter that trails the
     device (first order, ``lag_ms``), static power that rises ``leak_w`` as the die warms
-    (over 10 s), and steps that stretch at a device limit of ``stretch_at_w`` (clocks drop)."""
+    (over 10 s), steps that stretch at a device limit of ``stretch_at_w`` (clocks drop), and
+    the rows a decode graph ran for each step's decoders as the run replayed them
+    (``padded_rows``; the model's padding weight says how much of them the device worked)."""
     rng = np.random.default_rng(seed)
     duration = rng.uniform(10, 40, n) * MS
     decode = np.maximum(np.round(rng.uniform(0.1, 2.0, n) * (32 if load is None else load)), 1.0)
@@ -198,6 +202,8 @@ def synthetic(
     steps = Steps(
         np.zeros(n), np.zeros(n), decode, prefill, np.zeros(n, int), one, decode, prefill, ctx, np.zeros(n)
     )
+    if padded_rows is not None:
+        steps.padded_rows = padded_rows(decode)
     power = replace(model, cap_w=float("inf")).dynamic_w(model.step_work(steps))
     if stretch_at_w is not None:  # at the limit a step takes longer at the limit's power
         room = stretch_at_w - model.static_w
@@ -363,6 +369,34 @@ def test_decode_work_that_grows_with_context_is_recovered() -> None:
     assert model.context_weight == pytest.approx(0.5, rel=0.1)
 
 
+def powers_of_two(rows: np.ndarray) -> np.ndarray:
+    return 2.0 ** np.ceil(np.log2(rows))
+
+
+def test_a_decode_graph_padded_to_its_captured_size_is_worked_as_its_padded_rows() -> None:
+    # an H100-like engine: the graph over 33 decoders runs 64 rows, and its power follows them
+    truth = PowerModel(static_w=60.0, scale_w=20.0, prefill_weight=0.1, exponent=0.7, padding_weight=1.0)
+    knots, energy, steps = synthetic(truth, seed=13, padded_rows=powers_of_two)
+    model = fit_trace(knots, energy, steps, static_w=60.0)
+    assert "padding" in model.effects
+    assert model.padding_weight == pytest.approx(1.0, abs=0.05)
+    assert model.exponent == pytest.approx(0.7, rel=0.05)
+    # each decoder's work is its share of the rows: the padded ones are the step's, shared
+    one = steps.entry_decode == 1
+    assert model.entry_work(steps)[one] == pytest.approx(powers_of_two(steps.decode[one]))
+
+
+@pytest.mark.parametrize("seed", [14, 15])
+def test_rows_a_device_does_not_pad_are_not_claimed_from_a_wrong_replay(seed: int) -> None:
+    # the run replayed padded graphs (slots, say, from its step times), but the device works
+    # its decoders only: the selection tries padding and does not keep it
+    truth = PowerModel(static_w=60.0, scale_w=20.0, prefill_weight=0.1, exponent=0.7)
+    knots, energy, steps = synthetic(truth, seed=seed, padded_rows=powers_of_two)
+    model = fit_trace(knots, energy, steps, static_w=60.0)
+    assert "curve+padding" in model.selection["held_out_error"]
+    assert "padding" not in model.effects and model.padding_weight == 0.0
+
+
 def noisy_context_fit(context_weight: float, seed: int) -> PowerModel:
     """The model fitted to a trace whose decoders' contexts move with the batch (1-2 thousand
     tokens each), read by a meter with 5% noise an interval: the curve nearly stands in for
@@ -493,8 +527,8 @@ def test_an_unknown_power_model_effect_is_refused_naming_the_choices(text: str) 
 
 
 def everything_problem(seed: int = 3, n: int = 300) -> Problem:
-    """A run with all any row needs to be free: prompts, context, positions and no measured
-    static; its meter's energies are noise (the terms do not depend on them)."""
+    """A run with all any row needs to be free: prompts, context, positions, padded decode
+    graphs and no measured static; its meter's energies are noise (the terms do not depend on them)."""
     rng = np.random.default_rng(seed)
     duration = rng.uniform(10, 40, n) * MS
     end = np.cumsum(duration)
@@ -505,6 +539,7 @@ def everything_problem(seed: int = 3, n: int = 300) -> Problem:
     steps = Steps(
         end - duration, end, decode, prefill, np.zeros(n, int), one, decode, prefill, context, position
     )
+    steps.padded_rows = powers_of_two(decode)
     knots = np.arange(0.0, end[-1] + 100 * MS, 100 * MS)
     energy = rng.uniform(5.0, 50.0, knots.size - 1)
     counter = VirtualCounter(
@@ -543,7 +578,7 @@ def test_each_rows_term_is_how_the_modelled_energy_moves_with_it() -> None:
     design = problem.design(40.0)
     h = problem.drift(30.0).integral(problem.counter.t)
     values = dict(static=80.0, drift=0.1, step=30.0, scale=5.0, prefill=0.3, exponent=0.8, cap=np.inf)
-    values |= dict(context=0.5, position=0.7)
+    values |= dict(padding=0.6, context=0.5, position=0.7)
     theta = np.array([values[name] for name in NAMES])
     # a cap that half the steps reach
     theta[NAMES.index("cap")] = float(np.median(Evaluation.at(theta, problem, design, h).power))

@@ -222,6 +222,7 @@ PARAMETERS = (
     ("work exponent", "exponent", "exponent", ""),
     ("power cap", "cap_w", "cap", " W"),
     ("prefill token / decode token", "prefill_weight", "prefill", ""),
+    ("padded rows worked", "padding_weight", "padding", ""),
     ("context weight", "context_weight_per_ktoken", "context", " per 1k tokens"),
     ("position weight", "position_weight_per_ktoken", "position", " per 1k tokens"),
     ("meter lag", "lag_ms", "lag", " ms"),

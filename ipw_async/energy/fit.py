@@ -212,9 +212,10 @@ def _curve_starts(problem: Problem, parent: np.ndarray) -> list[np.ndarray]:
     """Static power and a flat curve trade off against each other, and a linear fit's prefill
     weight is a poor start for a curve's: start from several curvatures at the stated weight,
     each scaled to draw the parent's mean step power, its heaviest steps at the cap."""
-    decode, context, prefill, position = problem.features
+    decode, context, prefill, position, padded = problem.features
     v = dict(zip(NAMES, parent, strict=True))
     step, scale, w0 = v["step"], v["scale"], problem.default_prefill_weight
+    decode = decode + v["padding"] * (padded - decode)
     linear = decode + v["context"] * context + v["prefill"] * prefill
     mean_power = float(np.mean(np.minimum(v["cap"], step + scale * linear ** v["exponent"])))
     work = np.maximum(decode + v["context"] * context + w0 * (prefill + v["position"] * position), 1e-9)
@@ -228,6 +229,19 @@ def _curve_starts(problem: Problem, parent: np.ndarray) -> list[np.ndarray]:
         raw = step + start[NAMES.index("scale")] * work**curvature
         start[NAMES.index("cap")] = float(np.percentile(raw, 95))
         starts.append(start)
+    return starts
+
+
+def _starts(problem: Problem, effects: frozenset[str], parent: np.ndarray) -> list[np.ndarray]:
+    """Where a fit of ``effects`` starts from its parent's: there, from the curve's starts, and
+    with padding's weight at a whole padded row where the parent had none (between none and
+    all of it, the least squares may settle at either end)."""
+    starts = [parent, *(_curve_starts(problem, parent) if "curve" in effects else [])]
+    k = NAMES.index("padding")
+    if "padding" in effects and parent[k] == 0.0:
+        whole = parent.copy()
+        whole[k] = 1.0
+        starts.append(whole)
     return starts
 
 
@@ -301,8 +315,7 @@ def _given(
     linear = chosen
     for effect in (e for e in EFFECTS if e in effects):
         current |= {effect}
-        starts = [chosen.theta, *(_curve_starts(problem, chosen.theta) if "curve" in current else [])]
-        chosen = _fit(problem, current, problem.usable, starts)
+        chosen = _fit(problem, current, problem.usable, _starts(problem, current, chosen.theta))
     held = {}
     if int(problem.usable.sum()) >= FOLDS * MIN_FOLD_INTERVALS:
         held = {fit.effects: _held_out(problem, fit) for fit in (linear, chosen)}
@@ -319,8 +332,7 @@ def _select(problem: Problem, notes: list[str]) -> tuple[Fit, dict[frozenset[str
     held: dict[frozenset[str], np.ndarray] = {}
 
     def evaluate(effects: frozenset[str], parent: np.ndarray) -> None:
-        starts = [parent, *(_curve_starts(problem, parent) if "curve" in effects else [])]
-        fits[effects] = _fit(problem, effects, problem.usable, starts)
+        fits[effects] = _fit(problem, effects, problem.usable, _starts(problem, effects, parent))
         if select:
             held[effects] = _held_out(problem, fits[effects])
 

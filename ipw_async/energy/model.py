@@ -1,8 +1,10 @@
 """The device's power model: what a step draws, and how its dynamic energy splits in it.
 
 A step's work is the sum of its requests' work: a decode token is 1 plus ``context_weight``
-per thousand tokens of context it read (attention reads the whole KV cache), a prompt token
-``prefill_weight`` times 1 plus ``position_weight`` per thousand positions before it. The step
+per thousand tokens of context it read (attention reads the whole KV cache), plus
+``padding_weight`` of its share of the rows a padded decode graph ran beyond its batch (a
+graph over a captured batch size: a padded row is the step's, its decoders share it); a prompt
+token ``prefill_weight`` times 1 plus ``position_weight`` per thousand positions before it. The step
 draws ``min(cap, step_w + scale · work ** exponent)`` above static power: a cost per step
 whatever its batch (weight streaming, launches), a curve that flattens as the device fills,
 and a power limit (where clocks stretch the step rather than power rising). Static power may
@@ -33,6 +35,7 @@ class PowerModel:
     exponent: float = DEFAULT_EXPONENT
     cap_w: float = float("inf")
     step_w: float = 0.0
+    padding_weight: float = 0.0  # how much of a decode row's work its padded graph sets (0-1)
     context_weight: float = 0.0  # a decode token's extra work per thousand tokens of context
     position_weight: float = 0.0  # a prompt token's extra work per thousand positions before it
     lag_ms: float = 0.0
@@ -60,6 +63,8 @@ class PowerModel:
     def entry_work(self, steps: Steps) -> np.ndarray:
         """Each (request, step) entry's work, in decode tokens at no context."""
         work = steps.entry_decode + self.prefill_weight * steps.entry_prefill
+        if self.padding_weight:
+            work = work + self.padding_weight * (steps.entry_padded - steps.entry_decode)
         if self.context_weight and steps.entry_context.size:
             work = work + self.context_weight * steps.entry_context
         if self.position_weight and steps.entry_position.size:
@@ -68,6 +73,8 @@ class PowerModel:
 
     def step_work(self, steps: Steps) -> np.ndarray:
         work = steps.decode + self.prefill_weight * steps.prefill
+        if self.padding_weight:
+            work = work + self.padding_weight * (steps.padded_decode - steps.decode)
         if self.context_weight:
             work = work + self.context_weight * steps.context
         if self.position_weight:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # The effects a model may have beyond static power and linear work, in the order the
 # selection tries them; each must predict held-out meter intervals better to be kept.
-EFFECTS = ("curve", "step", "context", "position", "lag", "drift")
+EFFECTS = ("curve", "step", "padding", "context", "position", "lag", "drift")
 # effects fitted over a grid of the design rather than by a row: the meter's lag behind the device
 GRIDDED = frozenset({"lag"})
 DEFAULT_EXPONENT = 1.0
@@ -77,7 +77,8 @@ class Evaluation:
         v = dict(zip(NAMES, theta, strict=True))
         f = problem.features
         prompt = f.prefill + v["position"] * f.position
-        work = np.maximum(f.decode + v["context"] * f.context + v["prefill"] * prompt, 1e-9)
+        rows = f.decode + v["padding"] * (f.padded - f.decode)
+        work = np.maximum(rows + v["context"] * f.context + v["prefill"] * prompt, 1e-9)
         powered = work ** v["exponent"]
         raw = v["step"] + v["scale"] * powered
         below = raw < v["cap"]
@@ -214,6 +215,20 @@ PARAMETERS = (
         effect="curve",
         off=np.inf,
         attribute="cap_w",
+    ),
+    Parameter(
+        "padding",
+        "how much of a decode step's row work its padded graph sets (0: its decoders, 1: every "
+        "row it ran)",
+        lambda e: e.seen(e.d_work * (e.features.padded - e.features.decode)),
+        start=1.0,
+        lower=0.0,
+        upper=1.0,
+        effect="padding",
+        off=0.0,
+        needs=lambda p: p.has_padding,
+        attribute="padding_weight",
+        in_work=True,
     ),
     Parameter(
         "context",

@@ -30,6 +30,7 @@ class Features(NamedTuple):
     context: np.ndarray  # thousands of context tokens its decoders read
     prefill: np.ndarray  # prompt tokens
     position: np.ndarray  # thousands of positions before its prompt tokens, summed
+    padded: np.ndarray  # the rows its decode graph ran (its decode tokens where it pads none)
 
 
 @dataclass
@@ -51,9 +52,10 @@ class Problem:
         self.dt = np.diff(self.counter.t) / NS
         self.usable = ~self.counter.imputed
         s = self.steps
-        self.features = Features(s.decode, s.context, s.prefill, s.position)
+        self.features = Features(s.decode, s.context, s.prefill, s.position, s.padded_decode)
         self.has_prefill = bool(s.prefill.any())
         self.has_context = bool(s.entry_context.size and s.context.any())
+        self.has_padding = bool(np.any(self.features.padded != s.decode))
         self.scale = max(float(np.median(self.energy[self.usable])), 1e-9) if self.usable.any() else 1.0
 
     def design(self, lag_ms: float) -> sparse.csr_matrix:
@@ -93,8 +95,9 @@ class Problem:
         reach = 4 * max(LAGS_MS) * 1e6 + vc.window_ns
         inside = np.flatnonzero((s.end >= vc.t[first] - reach) & (s.start <= vc.t[last]))
         one = np.arange(inside.size)
-        decode, context, prefill, position = (f[inside] for f in self.features)
+        decode, context, prefill, position, padded = (f[inside] for f in self.features)
         steps = Steps(s.start[inside], s.end[inside], decode, prefill, np.zeros_like(one), one, decode, prefill, context, position)
+        steps.padded_rows = np.where(decode > 0, padded, 0.0)
         return Problem(
             counter, steps, self.static_w, self.default_prefill_weight, self.temperature, parent=self, inside=inside
         )

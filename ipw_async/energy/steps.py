@@ -22,6 +22,7 @@ from .._clock import NS
 from ..records import CHARS_PER_TOKEN
 from .padding import CaptureSizes, decode_graph
 from .placement import place_prefill
+from .split import safe_div
 
 # The shortest steps, as a low percentile of inter-token latency rather than its least: a
 # stream whose reads fell behind catches up with near-zero gaps (well under 0.1% of them in
@@ -106,6 +107,20 @@ class Steps:
             _, head = np.unique(np.where(decoding, self.step, -1), return_index=True)
             self._first_decoders = head[decoding[head]]
         return self._first_decoders
+
+    @property
+    def padded_decode(self) -> np.ndarray:
+        """Per step, its decode work in the rows its graph ran: the padded rows where a
+        padding was replayed and the step decoded, else its decode tokens."""
+        if not self.padded_rows.size:
+            return self.decode
+        return np.where(self.decode > 0, self.padded_rows, self.decode)
+
+    @property
+    def entry_padded(self) -> np.ndarray:
+        """Per entry, its part of its step's padded rows: the rows shared by its decode tokens
+        (convention v2: a padded row is the step's, whatever request it pads for)."""
+        return self.entry_decode * safe_div(self.padded_decode, self.decode)[self.step]
 
     @property
     def context(self) -> np.ndarray:

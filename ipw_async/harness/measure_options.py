@@ -181,8 +181,9 @@ class MeasureOptions:
         default="auto",
         metadata=option(
             "The fitted rule's model of the device (with --attribution fitted): auto (each effect kept where it predicts held-out "
-            "meter intervals better), linear, or effects joined by + from curve, step, context, "
-            "position, lag and drift (e.g. curve+lag), when you know what your device does.",
+            "meter intervals better), linear, or effects joined by + from curve, step, padding (a decode "
+            "graph's padded rows), context, position, lag and drift (e.g. curve+lag), when you know what "
+            "your device does.",
             panel=ENERGY,
         ),
     )
