@@ -233,10 +233,13 @@ def _curve_starts(problem: Problem, parent: np.ndarray) -> list[np.ndarray]:
 
 
 def _starts(problem: Problem, effects: frozenset[str], parent: np.ndarray) -> list[np.ndarray]:
-    """Where a fit of ``effects`` starts from its parent's: there, from the curve's starts, and
-    with padding's weight at a whole padded row where the parent had none (between none and
-    all of it, the least squares may settle at either end)."""
-    starts = [parent, *(_curve_starts(problem, parent) if "curve" in effects else [])]
+    """Where a fit of ``effects`` starts from its parent's: there; from the curve's starts where
+    the parent had no curve (a curve's parent is a curve fit already: starting its children
+    from scratch again, each at every lag, was most of a long run's selection); and with
+    padding's weight at a whole padded row where the parent had none (between none and all of
+    it, the least squares may settle at either end)."""
+    fresh_curve = "curve" in effects and not np.isfinite(parent[NAMES.index("cap")])
+    starts = [parent, *(_curve_starts(problem, parent) if fresh_curve else [])]
     k = NAMES.index("padding")
     if "padding" in effects and parent[k] == 0.0:
         whole = parent.copy()
