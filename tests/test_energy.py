@@ -369,7 +369,9 @@ schedules = st.lists(
 )
 
 
-@settings(max_examples=15, deadline=None)  # each draw fits the power model: ~0.8 s
+# a draw split by steps or fitted may run the power model's whole selection over a meter of
+# noise: 1-9 s on a 2-core machine (15 draws took 205 s of the suite)
+@settings(max_examples=8, deadline=None)
 @given(
     windows=schedules,
     rule=st.sampled_from(["steps", "tokens", "fitted", "equal"]),
