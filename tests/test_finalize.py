@@ -146,7 +146,7 @@ def test_finalize_with_a_given_power_model_fits_it_and_says_so(finished_run: Pat
         app, ["finalize", str(run_dir), "--power-model", "curve+lagg"], env={"COLUMNS": "300"}
     )
     assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
-    assert "unknown power-model effect 'lagg'" in refused.output and "curve, step, context" in refused.output
+    assert "unknown power-model effect 'lagg'" in refused.output and "curve, step, padding, context" in refused.output
     assert (run_dir / "records.arrow").read_bytes() == before  # nothing rewritten
 
     steps = cli.invoke(app, ["finalize", str(run_dir), "--power-model", "linear"], env={"COLUMNS": "300"})

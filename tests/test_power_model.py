@@ -521,7 +521,7 @@ def test_a_power_model_setting_names_effects(text: str, effects: frozenset[str] 
 @pytest.mark.parametrize("text", ["curve+lagg", "", "curve+", "Curve"])
 def test_an_unknown_power_model_effect_is_refused_naming_the_choices(text: str) -> None:
     with pytest.raises(
-        ValueError, match=r"unknown power-model effect .*curve, step, context, position, lag, drift"
+        ValueError, match=r"unknown power-model effect .*curve, step, padding, context, position, lag, drift"
     ):
         parse_effects(text)
 
