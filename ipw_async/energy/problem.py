@@ -96,8 +96,10 @@ class Problem:
         inside = np.flatnonzero((s.end >= vc.t[first] - reach) & (s.start <= vc.t[last]))
         one = np.arange(inside.size)
         decode, context, prefill, position, padded = (f[inside] for f in self.features)
-        steps = Steps(s.start[inside], s.end[inside], decode, prefill, np.zeros_like(one), one, decode, prefill, context, position)
-        steps.padded_rows = np.where(decode > 0, padded, 0.0)
+        steps = Steps(
+            s.start[inside], s.end[inside], decode, prefill, np.zeros_like(one), one, decode, prefill,
+            context, position, padded_rows=np.where(decode > 0, padded, 0.0),
+        )
         return Problem(
             counter, steps, self.static_w, self.default_prefill_weight, self.temperature, parent=self, inside=inside
         )
