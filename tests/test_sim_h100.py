@@ -295,8 +295,14 @@ async def test_a_runs_baseline_reads_the_serving_static(tmp_path: Path) -> None:
     await run_benchmark(config)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     engine = config.sim.engine
-    baseline = summary["energy"]["meters"]["sim"]["baseline_w"]
-    assert baseline == pytest.approx(engine.static_w + engine.clocks_up_w, abs=1.0)
+    meter = summary["energy"]["meters"]["sim"]
+    serving = engine.static_w + engine.clocks_up_w
+    # the counter's energy between its knots in the 1 s window: a knot timed as read, not on
+    # its update grid (the start-of-run probe that learns the grid runs slow on a loaded host),
+    # moves up to a 50 ms read, 6% of the window at either end (CI read 120.9 W for 124 W).
+    # The idle static, what the baseline would read with the clocks down, is 41% below
+    assert meter["baseline_w"] == pytest.approx(serving, rel=0.1), meter.get("counter_timing")
+    assert engine.static_w < 0.9 * serving
 
 
 # --- drawn physics ---
