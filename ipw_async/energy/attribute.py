@@ -309,31 +309,40 @@ def _step_costs_or_model(
     """The steps rule's split: its step costs, or the power model where :func:`model_choice`
     picks it (with the candidates alike to it, for the band), and the choice. Where step
     costs are kept, the power models that explain the meter nearly as well (:func:`rival`: the
-    curve, the whole selection) are returned as the candidates alike: the band spans their
-    splits too."""
+    basic shape, the whole selection where it ran) are returned as the candidates alike: the
+    band spans their splits too."""
     cost = fit_step_cost(
         problem, work.features(config.context_cost), _static_source(meter, config), config.context_cost
     )
     # a first look with the power model's basic shape (a tenth of a second), the whole
     # selection (seconds) only where that shape already explains the meter better on the
-    # criterion alone (the whole selection may tell the prompt weight the curve could not),
-    # or about as well. Where the run replayed padded decode graphs, the shape works their
-    # rows: on a simulated padded device (seed 30010) the curve over decoders explained the
-    # meter at R² 0.82 and lost to step costs (15.6% at p95), over padded rows at 0.996 (1.2%)
+    # criterion alone (the whole selection may tell the prompt weight the curve could not).
+    # Run also where the shape only came close, it took a 1,000-request default run's
+    # finalize from 0.7 to 6 s once the shape worked padded rows, and moved 3 of 45 kept
+    # draws by -13.1 to +2.1 points. Where the run replayed padded decode graphs, the shape
+    # works their rows: on a simulated padded device (seed 30010) the curve over decoders
+    # explained the meter at R² 0.82 and lost to step costs (15.6% at p95), over padded rows
+    # at 0.996 (1.2%)
     curve = fit(problem, CURVE | ({"padding"} if problem.has_padding else frozenset()))[0]
     choice = model_choice(cost, curve)
-    if choice.get("bic_difference", 0.0) >= -VERY_STRONG_BIC and not rival(cost, curve):
-        return cost, None, [], choice
+    if choice.get("bic_difference", 0.0) >= -VERY_STRONG_BIC:
+        return cost, None, _rivals(choice, cost, [curve]), choice
     model, alike = fit(problem, config.effects)
     choice = model_choice(cost, model)
     if choice["chosen"] == "power model":
         return None, model, alike, choice
-    rivals = [m for m in (curve, model) if rival(cost, m)]
+    return cost, None, _rivals(choice, cost, [curve, model]), choice
+
+
+def _rivals(choice: dict[str, Any], cost: StepCost, models: list[PowerModel]) -> list[PowerModel]:
+    """Of ``models``, those the band spans beside the step costs kept (:func:`rival`), said in
+    the ``choice``."""
+    rivals = [m for m in models if rival(cost, m)]
     if rivals:
         choice["band_spans_power_model"] = (
             f"it explains the meter's intervals within {RIVAL_R2:g} of R² of step costs: the band spans its split"
         )
-    return cost, None, rivals, choice
+    return rivals
 
 
 # Where the power model explains the meter's intervals within this share of their variance of
