@@ -317,9 +317,10 @@ def _step_costs_or_model(
     # a first look with the power model's basic shape (a tenth of a second), the whole
     # selection (seconds) only where that shape already explains the meter better on the
     # criterion alone (the whole selection may tell the prompt weight the curve could not).
-    # Run also where the shape only came close, it took a 1,000-request default run's
-    # finalize from 0.7 to 6 s once the shape worked padded rows, and moved 3 of 45 kept
-    # draws by -13.1 to +2.1 points. Where the run replayed padded decode graphs, the shape
+    # Where the shape only comes close it joins the band, without the selection: run there
+    # too, the selection took a 1,000-request default run's finalize from 0.7 to 6 s once the
+    # shape worked padded rows (and moved 3 of 45 kept draws by -13.1 to +2.1 points, 2 of
+    # them for the worse). Where the run replayed padded decode graphs, the shape
     # works their rows: on a simulated padded device (seed 30010) the curve over decoders
     # explained the meter at R² 0.82 and lost to step costs (15.6% at p95), over padded rows
     # at 0.996 (1.2%)
