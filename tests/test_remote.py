@@ -32,12 +32,13 @@ from ipw_async.telemetry_agent import READ_INTERVAL_S, AgentProcess, AgentServer
 from .conftest import fast_engine, metrics_exporter, quick_config, scrape_once
 from .test_sources import FakeGpu, nvml_source
 
-# agents' clock offsets, round trips and gaps are measured here: no other test beside them
-pytestmark = pytest.mark.timing
+# Tests that measure an agent's clock offset, its round trips, its stream's pace or a gap in
+# time are marked `timing`: no other test beside them. The rest check what is said and refused.
 
 SHIFT_S = 1234.5  # the agent's clock reads this much ahead of ours
 
 
+@pytest.mark.timing
 async def test_a_run_measures_the_servers_device_through_an_agent_on_another_clock(tmp_path: Path) -> None:
     config = quick_config(tmp_path, max_queries=48, concurrency=8, dataset="synthetic", output_tokens=40)
     with SimulatorProcess(config.sim) as sim:
@@ -102,6 +103,7 @@ def test_agent_help_says_how_to_use_it() -> None:
     assert "clock-shift" not in result.output  # a testing aid, not a user's option
 
 
+@pytest.mark.timing
 async def test_a_run_scrapes_dcgm_exporter_and_the_servers_metrics(tmp_path: Path) -> None:
     config = quick_config(tmp_path, max_queries=48, concurrency=8, dataset="synthetic", output_tokens=40)
     with SimulatorProcess(config.sim) as sim:
@@ -234,6 +236,7 @@ async def test_a_metrics_url_with_nothing_to_read_says_so(tmp_path: Path) -> Non
             await run_benchmark(config)
 
 
+@pytest.mark.timing
 def test_the_agent_streams_every_source_on_its_own_schedule(tmp_path: Path) -> None:
     with (
         SimulatorProcess(quick_config(tmp_path).sim) as sim,
@@ -254,6 +257,7 @@ def test_the_agent_streams_every_source_on_its_own_schedule(tmp_path: Path) -> N
     assert bad.status_code == 400 and "period_ms" in bad.text
 
 
+@pytest.mark.timing
 async def test_an_agent_that_dies_mid_run_leaves_a_gap_that_is_imputed_and_said(tmp_path: Path) -> None:
     config = quick_config(tmp_path, concurrency=8, max_queries=None, duration=4.0, dataset="synthetic")
     with SimulatorProcess(config.sim) as sim:
@@ -394,6 +398,7 @@ async def test_no_token_or_password_reaches_the_run_directory(tmp_path: Path) ->
     assert result.summary["config"]["prometheus_url"] == [f"http://ops:***@127.0.0.1:{sim.port}/metrics"]
 
 
+@pytest.mark.timing
 async def test_a_hung_agent_costs_only_its_own_meter(tmp_path: Path) -> None:
     config = quick_config(tmp_path, concurrency=8, max_queries=None, duration=5.0, dataset="synthetic")
     with SimulatorProcess(config.sim) as sim, _sim_agent(sim) as agent:
@@ -448,6 +453,7 @@ DCGM_FI_DEV_CLOCKS_EVENT_REASONS{gpu="0"} 4
     }
 
 
+@pytest.mark.timing
 async def test_an_agent_reads_a_source_for_read_at_most_every_interval() -> None:
     source, fake = nvml_source(FakeGpu("GPU-aaa"))
     info = source.open()
