@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -31,34 +32,69 @@ from ipw_async.transport.scripted import Reply, ScriptedNetwork
 compileall.compile_dir(Path(ipw_async.__file__).parent, quiet=1)
 
 
-@contextlib.contextmanager
-def _turn(alone: bool) -> Iterator[None]:
+class _Turns:
     """Under pytest-xdist: a test marked ``timing`` runs with no other test running beside it,
     the rest side by side. A reader-writer lock over files every worker opens: the gate lets a
     waiting ``timing`` test in before later tests (without it, two workers taking turns could
-    keep the shared lock held for ever)."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:  # one process: every test runs alone already
-        yield
-        return
-    base = Path(tempfile.gettempdir()) / f"ipw-async-tests-{run}"
-    with open(f"{base}.gate", "a") as gate, open(f"{base}.lock", "a") as lock:
+    keep the shared lock held for ever). A worker keeps the lock alone across consecutive
+    ``timing`` tests: taken afresh for each, it waited each time for the other workers' tests
+    then running to end."""
+
+    def __init__(self) -> None:
+        self._files: tuple[IO[str], IO[str]] | None = None
+        self._alone = False
+
+    def take(self, alone: bool) -> None:
+        if self._files is not None and self._alone == alone:
+            return
+        self.give_back()
+        run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+        if run is None:  # one process: every test runs alone already
+            return
+        base = Path(tempfile.gettempdir()) / f"ipw-async-tests-{run}"
+        gate, lock = open(f"{base}.gate", "a"), open(f"{base}.lock", "a")  # noqa: SIM115
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        self._files, self._alone = (gate, lock), alone
+
+    def give_back(self) -> None:
+        if self._files is not None:
+            for file in self._files:
+                file.close()  # closing releases the lock
+            self._files = None
+
+
+_turns = _Turns()
+
+
+def _timing(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("timing") is not None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with ``timing`` tests first, each file's ``timing`` tests first within it: the
+    tests that run alone then come one after another at the start, when no long test of
+    another worker is running for them to wait out (with --no-loadscope-reorder, xdist hands
+    out files in this order; the others stay largest first, as its reorder had them)."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    order = sorted(files.values(), key=lambda tests: (not any(map(_timing, tests)), -len(tests)))
+    items[:] = [item for tests in order for item in sorted(tests, key=lambda t: not _timing(t))]
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     # setup and teardown too: a module's simulator or Ray cluster starts in its first test's setup
-    with _turn(alone=item.get_closest_marker("timing") is not None):
+    _turns.take(alone=_timing(item))
+    try:
         return (yield)
+    finally:
+        if not (_timing(item) and _timing(nextitem)):
+            _turns.give_back()
 
 
 def fast_engine(**overrides: object) -> EngineConfig:
