@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import compileall
 import contextlib
 import fcntl
+import functools
 import os
 import shutil
 import tempfile
@@ -118,11 +120,19 @@ def faulty_sim() -> Iterator[SimulatorProcess]:
 SHORT_RUN = Path(__file__).parent / "data" / "short_run"  # a recorded simulator run, never finalized
 
 
+@functools.cache
+def _short_run_finished_once() -> Path:
+    home = Path(tempfile.mkdtemp(prefix="ipw-async-short-run-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    finalize(shutil.copytree(SHORT_RUN, home / "short_run"))
+    return home / "short_run"
+
+
 def finished_short_run(dest: Path) -> Path:
     """A copy of the recorded short run at ``dest``, finished by this version's finalize: a
-    complete run directory in seconds, with no run."""
-    shutil.copytree(SHORT_RUN, dest)
-    finalize(dest)
+    complete run directory in seconds, with no run. Finished once a test process (its power
+    model's selection takes seconds), then copied: a finished directory holds no path of its own."""
+    shutil.copytree(_short_run_finished_once(), dest)
     return dest
 
 
