@@ -354,7 +354,6 @@ def ray_cluster() -> Iterator[str]:
         yield address
 
 
-@pytest.mark.timing
 async def test_a_ray_actor_opens_its_own_servers(tmp_path: Path, server: str, ray_cluster: str) -> None:
     config = agentic(tmp_path / "ok", mcp=["builtin"], ray=ray_cluster, workers="1", max_queries=12)
     tasks = task_lines((await asyncio.wait_for(run_benchmark(config), 120)).run_dir)

@@ -90,7 +90,6 @@ def ray_cluster() -> Iterator[str]:
         yield address
 
 
-@pytest.mark.timing
 async def test_ray_actors_on_two_nodes_fill_one_run_directory(tmp_path: Path, ray_cluster: str) -> None:
     config = quick_config(tmp_path, max_queries=48, concurrency=8, ray=ray_cluster, workers="auto")
     result = await run_benchmark(config)
@@ -136,7 +135,6 @@ async def test_a_worker_killed_mid_run_stops_the_run_with_the_reason_and_keeps_t
     assert 0 < summary["loss"]["requests_not_recorded"] <= 8
 
 
-@pytest.mark.timing
 async def test_agentic_tasks_over_ray_actors_keep_their_turns_and_traces(
     tmp_path: Path, ray_cluster: str
 ) -> None:
