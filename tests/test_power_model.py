@@ -293,6 +293,8 @@ def test_a_short_run_finds_the_meters_lag_and_the_curve_together(tmp_path: Path)
 
     fitted, model = median_error()
     assert {"curve", "lag"} <= set(model["model"].split("+"))
+    # pairs from linear work only: past curve+lag, its singles and the presumed effects
+    assert max(len(name.split("+")) for name in model["selection"]["held_out_error"]) == 3
     # the device lags by 40 ms; 26 intervals find that it lags, not which grid point (40 or 70 ms)
     assert model["lag_ms"] > 0 and model["static_drift"] is None
     assert fitted < 0.07  # static + linear work: 12.8%; a free drift: 12.6%
