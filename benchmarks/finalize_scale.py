@@ -3,7 +3,7 @@ grows linearly.
 
 ``finalize(run_dir)`` re-attributes a finished run from its directory's files alone: it reads
 ``run.json``, ``measured.arrow`` and ``telemetry.arrow``, attributes the energy
-(``ipw_async.energy.attribute``), and writes records (Arrow and Parquet), telemetry as
+(``ipw_async.energy.attribution``), and writes records (Arrow and Parquet), telemetry as
 Parquet, ``traces.jsonl``, ``summary.json`` and ``dataset/``.
 This measures its wall time against the run's size.
 

@@ -453,7 +453,7 @@ def test_the_band_holds_either_of_two_models_the_data_cannot_tell_apart(
     chosen = PowerModel(static_w=50.0, scale_w=10.0, prefill_weight=0.25)
     alike = replace(chosen, context_weight=1.0, effects=("context",))
     monkeypatch.setattr(
-        importlib.import_module("ipw_async.energy.attribute"),
+        importlib.import_module("ipw_async.energy.attribution"),
         "fit",
         lambda _problem, _given: (chosen, [alike]),
     )

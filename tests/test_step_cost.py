@@ -15,7 +15,7 @@ from rich.console import Console
 
 from ipw_async import finalize
 from ipw_async.energy import AttributionConfig, attribute, stepcost
-from ipw_async.energy.attribute import model_choice
+from ipw_async.energy.attribution import model_choice
 from ipw_async.energy.model import PowerModel
 from ipw_async.energy.stepcost import (
     CONTEXT_COSTS,
@@ -548,7 +548,7 @@ def test_a_power_model_that_explains_the_meter_about_as_well_is_inside_the_band(
     well, the meter cannot say whose split is right: the estimate stays the step costs', the
     band spans the power model's split too. The recorded run's basic shape (the curve) explains
     0.064 less of its intervals than its step costs; counted a rival here by a looser margin."""
-    attribute_module = sys.modules["ipw_async.energy.attribute"]
+    attribute_module = sys.modules["ipw_async.energy.attribution"]
 
     def finished(name: str, rule: str, power_model: str | None = None) -> pl.DataFrame:
         shutil.copytree(SHORT_RUN, tmp_path / name)

@@ -12,11 +12,28 @@ and :mod:`.lag` (static power that drifts, a meter that lags),
 :mod:`.stepcost` (the step costs of accounting convention v2, fitted), :mod:`.pooling` (the
 stretches an instant power field's energy is kept over), :mod:`.split` (the
 conservation-keeping split), :mod:`.band` (the least and most each query could have used) and
-:mod:`.attribute` (per meter, the rule, the columns and the summary).
+:mod:`.attribution` (per meter, the rule, the columns and the summary).
 """
 
-from .attribute import RULES, AttributionConfig, MeterResult, attribute, request_windows, split_with_known
-from .counter import counter_knots, energy_over, virtual_counter
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
+
+# loaded on first use: the simulator and the sampler need a stage or two (padding, the counter),
+# not the fit and scipy.stats behind attribute (a second of imports on a 2-core host)
+_EXPORTS: dict[str, str] = {
+    "RULES": "attribution",
+    "AttributionConfig": "attribution",
+    "MeterResult": "attribution",
+    "attribute": "attribution",
+    "request_windows": "attribution",
+    "split_with_known": "attribution",
+    "counter_knots": "counter",
+    "energy_over": "counter",
+    "virtual_counter": "counter",
+}
 
 __all__ = [
     "RULES",
@@ -29,3 +46,16 @@ __all__ = [
     "split_with_known",
     "virtual_counter",
 ]
+
+if TYPE_CHECKING:
+    from .attribution import (
+        RULES,
+        AttributionConfig,
+        MeterResult,
+        attribute,
+        request_windows,
+        split_with_known,
+    )
+    from .counter import counter_knots, energy_over, virtual_counter
+
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS, globals())

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..client import ENDPOINTS
 from ..energy import RULES
-from ..energy.attribute import POWER_MODEL_NEEDS_FITTED
+from ..energy.attribution import POWER_MODEL_NEEDS_FITTED
 from ..energy.fit import parse_effects
 from ..energy.padding import parse_capture_sizes
 from ..errors import RunError

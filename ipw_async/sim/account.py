@@ -19,7 +19,7 @@ import polars as pl
 from scipy import sparse
 
 from ..energy import AttributionConfig, request_windows, split_with_known
-from ..energy.attribute import attribute_meter
+from ..energy.attribution import attribute_meter
 from ..energy.drift import Drift
 from ..energy.model import PowerModel
 from ..energy.split import StepShares
