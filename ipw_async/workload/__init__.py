@@ -13,11 +13,13 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ..records import RequestRecord
 from .datasets import Dataset, DatasetError, Query, resolve
 from .tasklog import Outcome, TaskLog
+
+if TYPE_CHECKING:  # the simulator reads tasks and datasets here, and needs no polars
+    from ..records import RequestRecord
 
 
 @dataclass(frozen=True)

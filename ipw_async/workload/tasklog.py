@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._clock import now_ns
-from ..records import RequestRecord
 from .tools import ToolResult
+
+if TYPE_CHECKING:
+    from ..records import RequestRecord
 
 
 class Outcome(StrEnum):

@@ -7,12 +7,14 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
 
 from ._qa_facts import CAPITALS, ELEMENTS, GENERAL
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 class DatasetError(Exception):
@@ -229,6 +231,8 @@ def _locate_bad_json_line(path: Path) -> str:
 
 
 def _read_frame(path: Path) -> pl.DataFrame:
+    import polars as pl  # here: the simulator reads the built-in datasets, and needs no polars
+
     kind = _READERS.get(path.suffix.lower())
     if kind is None:
         known = ", ".join(sorted(_READERS))
@@ -258,6 +262,8 @@ def load_file(
     scorer: str | None = None,
 ) -> Dataset:
     """Load queries from JSONL, CSV, Parquet or Arrow; every prompt must be non-empty text."""
+    import polars as pl  # here, as in _read_frame
+
     path = Path(path)
     frame = _read_frame(path)
     if prompt_column not in frame.columns:
