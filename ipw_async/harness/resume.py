@@ -22,7 +22,7 @@ from ..rundir import files
 from ..rundir.host import boot_id
 from ..rundir.manifest import Manifest, RunDirError
 from ..rundir.read import RunDir
-from ..sim.process import config_from_json
+from ..sim.config import SimConfig
 from ..telemetry.http import REDACTED
 from ..workload.mcp_tools import redacted
 from .config import RunConfig
@@ -103,7 +103,7 @@ def _own_config(saved: dict[str, Any], given: RunConfig, run_dir: Path) -> RunCo
             )
         if name in names:  # the API key is always this command's
             values[name] = getattr(given, name)
-    sim = config_from_json(json.dumps(saved["sim"])) if "sim" in saved else given.sim
+    sim = SimConfig.from_json(json.dumps(saved["sim"])) if "sim" in saved else given.sim
     return RunConfig(
         **values,
         api_key=given.api_key,

@@ -8,7 +8,7 @@ import contextlib
 import os
 
 from .._loop import run as run_loop
-from .process import config_from_json
+from .config import SimConfig
 from .server import serve
 
 
@@ -24,7 +24,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.cpus:
         os.sched_setaffinity(0, {int(core) for core in args.cpus.split(",")})
-    config = config_from_json(args.config_json)
+    config = SimConfig.from_json(args.config_json)
 
     async def run() -> None:
         if args.parent_pid is not None:

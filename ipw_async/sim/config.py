@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
+from typing import Self
 
 from .._options import option
 from .faults import Faults
@@ -24,3 +27,13 @@ class SimConfig:
     )
     output_sigma: float = 0.6
     model: str = SIM_MODEL
+
+    def to_json(self) -> str:
+        """As the simulator's process is given it (``--config-json``)."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        """The config :meth:`to_json` wrote, or a resumed run's as its run.json kept it."""
+        raw = json.loads(text)
+        return cls(engine=EngineConfig(**raw.pop("engine")), faults=Faults(**raw.pop("faults")), **raw)

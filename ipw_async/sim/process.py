@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import os
 import sys
 import time
@@ -15,24 +13,9 @@ import httpx
 
 from .._child import ChildError, ChildServer
 from .config import SimConfig
-from .faults import Faults
-from .physics import EngineConfig
 from .server import READY_PREFIX
 
 SimulatorError = ChildError  # the simulator did not start, or not healthy
-
-
-def config_to_json(config: SimConfig) -> str:
-    return json.dumps(dataclasses.asdict(config))
-
-
-def config_from_json(text: str) -> SimConfig:
-    raw = json.loads(text)
-    return SimConfig(
-        engine=EngineConfig(**raw.pop("engine")),
-        faults=Faults(**raw.pop("faults")),
-        **raw,
-    )
 
 
 class SimulatorProcess(ChildServer):
@@ -69,7 +52,7 @@ class SimulatorProcess(ChildServer):
             "--host",
             self.host,
             "--config-json",
-            config_to_json(self.config),
+            self.config.to_json(),
             "--parent-pid",
             str(os.getpid()),
             *(["--cpus", ",".join(map(str, sorted(self.cpus)))] if self.cpus else []),
