@@ -267,8 +267,13 @@ async def test_a_server_that_dies_mid_run_fails_its_calls_at_once_and_the_rest_g
 
 
 async def test_a_server_that_cannot_start_stops_the_run_before_it_measures(
-    tmp_path: Path, server: str
+    tmp_path: Path, server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    def no_simulator(config: object) -> None:
+        raise AssertionError("the simulator started before the tools were checked")
+
+    # the tools open first: a bad --mcp fails before the simulator (and all after it) starts
+    monkeypatch.setattr("ipw_async.harness.opening.simulator", no_simulator)
     cases = [
         (
             ["no-such-mcp-server --port 1"],

@@ -4,12 +4,11 @@ here (:class:`LocalDispatch`), in worker processes (:mod:`.workers`) or on Ray a
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Protocol
 
 from ..client import StreamingClient
 from ..records import RequestRecord
-from ..workload import TaskLog, WorkUnit, opened
+from ..workload import TaskLog, WorkUnit
 from .ledger import RunLedger
 from .worker_protocol import WorkerSetup
 
@@ -17,16 +16,8 @@ from .worker_protocol import WorkerSetup
 class Dispatch(Protocol):
     count: int  # units run in parallel places (1: this event loop)
 
-    async def start(self) -> None:
-        """Start the places units run in, each with the workload opened; RunError if one cannot."""
-        ...
-
     async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
         """Perform ``unit`` (due at ``scheduled_ns``) and return when it has ended."""
-        ...
-
-    async def close(self) -> None:
-        """Cancel what runs, keep every record that comes back, and end the workers."""
         ...
 
     @property
@@ -39,24 +30,30 @@ class Dispatch(Protocol):
         ...
 
 
+class Pool(Dispatch, Protocol):
+    """Places of their own (worker processes, Ray actors), each opening the workload."""
+
+    async def start(self) -> None:
+        """Start the places units run in, each with the workload opened; RunError if one cannot."""
+        ...
+
+    async def close(self) -> None:
+        """Cancel what runs, keep every record that comes back, and end the workers."""
+        ...
+
+
 class LocalDispatch:
-    """Units performed in this event loop; their requests go straight to the ledger."""
+    """Units performed in this event loop, with the workload its run opened; their requests go
+    straight to the ledger."""
 
     count = 1
 
     def __init__(self, ledger: RunLedger, setup: WorkerSetup, client: StreamingClient) -> None:
         self.ledger = ledger
         self.requests = setup.requests(client, self)
-        self._open = contextlib.AsyncExitStack()  # the workload, open from start to close
-
-    async def start(self) -> None:
-        await self._open.enter_async_context(opened(self.requests.workload))
 
     async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
         await self.requests.workload.perform(unit, self.requests, scheduled_ns)
-
-    async def close(self) -> None:
-        await self._open.aclose()
 
     @property
     def pids(self) -> list[int]:

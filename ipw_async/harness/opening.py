@@ -4,8 +4,9 @@ run built whole from it (:class:`~.measuring.LiveRun`).
 The stack unwinds in reverse, the same way whatever ended the run (its end, an error, Ctrl-C, a
 dead server): the background tasks stop, the call source lets go of its port, the workers close
 (they keep the last records), the sampler takes its last reading, the records file closes and
-``run.json`` says how the run ended, the client and the telemetry sources close, and the
-simulator stops. A fresh run that fails before it measures (RunError) discards the directory it
+``run.json`` says how the run ended, the client and the telemetry sources close, the
+simulator stops, and the tools of a workload performed in this loop close (MCP servers: they
+opened first, so that a bad one fails before anything else starts). A fresh run that fails before it measures (RunError) discards the directory it
 made once all opened in it is closed.
 """
 
@@ -29,13 +30,13 @@ from ..state import Phase, RunState
 from ..telemetry import Sampler, TelemetrySetup
 from ..telemetry.http import redact_url
 from ..telemetry.process import SamplerProcessError, sampler_place
-from ..workload import Workload
+from ..workload import Workload, opened
 from ..workload.body import BodyDefaults
 from ..workload.replay import trace_of
 from . import reports
 from .config import RunConfig
 from .counters import CounterChecks
-from .dispatch import Dispatch, LocalDispatch
+from .dispatch import LocalDispatch, Pool
 from .display import Display, mirror, notes_to
 from .health import HarnessCpu, LoopLag, gc_frozen
 from .ledger import RunLedger
@@ -101,6 +102,12 @@ class RunOpening:
         trace = trace_of(self.workload)
         if trace is not None and (skipped := trace.skipped_note()):
             self.note(f"note: {skipped}")
+        workers = self._worker_count()
+        local = config.ray is None and workers <= 1
+        if local:
+            # its tools first (MCP servers started and listed): a bad --mcp fails in a second,
+            # before the simulator, the telemetry and the sampler start, and no directory is made
+            await stack.enter_async_context(opened(self.workload))
         server = await self._server()
         run_dir, fresh = self._directory(server)
         telemetry = await open_telemetry(config, server.sim, server.base_url, self.note)
@@ -124,13 +131,16 @@ class RunOpening:
         if resume is not None:
             continue_manifest(manifest, resume, now_ns() - t0)
         stack.callback(setattr, state, "phase", Phase.DONE)
-        workers = self._worker_count()
         harness = reports.Harness(LoopLag(), HarnessCpu(), 1 + (workers if workers > 1 else 0))
         if sampler.pid is not None:
             harness.cpu.helper(sampler.pid)
         ledger = await self._files(run_dir, manifest, state, ending, sampler, checks, harness)
         state.phase = Phase.STARTING
-        dispatch = await self._dispatch(ledger, client, upstream, server.model, t0, workers, harness)
+        dispatch = (
+            LocalDispatch(ledger, self._worker_setup(upstream, server.model, t0), client)
+            if local
+            else await self._pool(ledger, upstream, server.model, t0, workers, harness)
+        )
         if self.source is not None:
             self.source.reserve()
             stack.callback(self.source.release)
@@ -260,20 +270,10 @@ class RunOpening:
         stack.push_async_callback(_last_reading, sampler)
         return ledger
 
-    async def _dispatch(
-        self,
-        ledger: RunLedger,
-        client: StreamingClient,
-        upstream: ClientConfig,
-        model: str,
-        t0_ns: int,
-        count: int,
-        harness: reports.Harness,
-    ) -> Dispatch:
-        """Where units run: this loop, or ``count`` worker processes or Ray actors started now
-        (closed before the files: they keep the last records)."""
-        config, stack = self.config, self.stack
-        setup = WorkerSetup(
+    def _worker_setup(self, upstream: ClientConfig, model: str, t0_ns: int) -> WorkerSetup:
+        """What each place units run in is given to perform them."""
+        config = self.config
+        return WorkerSetup(
             self.workload,
             upstream,
             t0_ns,
@@ -281,12 +281,21 @@ class RunOpening:
             config.scorer or self.workload.scorer,
             0 if self.resume is None else self.resume.session,
         )
-        if config.ray is None and count <= 1:
-            local = LocalDispatch(ledger, setup, client)
-            stack.push_async_callback(local.close)
-            await local.start()
-            return local
-        pool: Dispatch = (
+
+    async def _pool(
+        self,
+        ledger: RunLedger,
+        upstream: ClientConfig,
+        model: str,
+        t0_ns: int,
+        count: int,
+        harness: reports.Harness,
+    ) -> Pool:
+        """``count`` worker processes or Ray actors, started now, each opening the workload
+        (closed before the files: they keep the last records)."""
+        config, stack = self.config, self.stack
+        setup = self._worker_setup(upstream, model, t0_ns)
+        pool: Pool = (
             RayPool(ledger, setup, count, config.ray)
             if config.ray is not None
             else WorkerPool(ledger, setup, count)
