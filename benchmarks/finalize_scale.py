@@ -78,7 +78,7 @@ import pyarrow.ipc as ipc
 from ipw_async import RunConfig, finalize, run_benchmark
 from ipw_async.rundir import files
 from ipw_async.sim import EngineConfig, SimConfig, SimulatorProcess
-from ipw_async.telemetry.cadence import CounterGrid, chained
+from ipw_async.telemetry.grid import CounterGrid, chained
 
 # the module, not the function that ipw_async.harness re-exports under the same name
 finalize_module = importlib.import_module("ipw_async.results")

@@ -11,7 +11,8 @@ from ipw_async._clock import NS, now_ns
 from ipw_async.energy import counter_knots
 from ipw_async.telemetry import OpenSource, Sampler
 from ipw_async.telemetry.base import Meter, Reading, SourceInfo, TelemetrySource
-from ipw_async.telemetry.cadence import CounterGrid, chained, last_updates, learn_grid, settled
+from ipw_async.telemetry.cadence import learn_grid, settled
+from ipw_async.telemetry.grid import CounterGrid, chained, last_updates
 
 # the sampler's probes time a counter's updates to a fraction of a ms: no other test beside them
 pytestmark = pytest.mark.timing

@@ -19,7 +19,6 @@ from ipw_async.report import summary_table
 from ipw_async.rundir import RunDir
 from ipw_async.sim import SimConfig
 from ipw_async.telemetry.base import Meter
-from ipw_async.telemetry.cadence import CounterGrid
 from ipw_async.telemetry.counter_check import (
     BASE_TOLERANCE,
     POWER_LAG_S,
@@ -28,6 +27,7 @@ from ipw_async.telemetry.counter_check import (
     events_since,
     window_wanted_ns,
 )
+from ipw_async.telemetry.grid import CounterGrid
 
 from .conftest import fast_engine, quick_config
 

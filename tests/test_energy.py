@@ -32,7 +32,7 @@ from ipw_async.energy.work import Work
 from ipw_async.records import RequestRecord, records_frame
 from ipw_async.rundir import RunDir
 from ipw_async.telemetry.base import Meter, Quantity
-from ipw_async.telemetry.cadence import CounterGrid
+from ipw_async.telemetry.grid import CounterGrid
 
 from .conftest import quick_config
 

@@ -18,7 +18,7 @@ import polars as pl
 
 from .._clock import NS
 from ..telemetry.base import Meter
-from ..telemetry.cadence import CounterGrid, last_updates
+from ..telemetry.grid import CounterGrid, last_updates
 
 
 @dataclass

@@ -18,7 +18,7 @@ import polars as pl
 from ..records import RECORD_SCHEMA
 from ..stats import measured
 from ..telemetry.base import Meter, Quantity, power_quantity
-from ..telemetry.cadence import CounterGrid
+from ..telemetry.grid import CounterGrid
 from ..traces import QueryTrace
 from . import files
 from .manifest import Manifest, RunDirError, check_format

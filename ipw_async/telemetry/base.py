@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from .._clock import now_ns
-from .cadence import CounterGrid
+from .grid import CounterGrid
 
 
 class SourceUnavailable(Exception):

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from .base import OpenSource
-from .cadence import CounterGrid
+from .grid import CounterGrid
 
 START_TIMEOUT_S = 30.0  # importing and opening NVML on a loaded host can take seconds
 STDERR_KEPT = 4096  # of the child's stderr, the last this many characters (twice) are kept

@@ -26,7 +26,7 @@ from .._clock import now_ns
 from .._realtime import ask_realtime
 from ..clock_sync import OPEN_PINGS, ClockSync
 from .base import Meter, Reading, SourceInfo, SourceUnavailable, TelemetrySource
-from .cadence import CounterGrid
+from .grid import CounterGrid
 from .http import ERRORS, KeptAlive, Unauthorized, check_status, endpoint
 
 PING_EVERY_S = 0.025  # round trips to the agent's clock, about this often, at random phase

@@ -25,13 +25,12 @@ from .cadence import (
     CLEARANCE_STEP_NS,
     PIN_PATIENCE,
     PROBE_EVERY_NS,
-    PROBE_INTERVAL_NS,
     PROBE_PATIENCE,
     SECOND_PROBE_AFTER_NS,
-    CounterGrid,
     learn_grid,
     settled,
 )
+from .grid import PROBE_INTERVAL_NS, CounterGrid
 from .process import SamplerProcess, SamplerProcessError, grids_of
 
 
