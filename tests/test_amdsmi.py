@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from ipw_async._clock import now_ns
-from ipw_async.telemetry import _names, open_sources
 from ipw_async.telemetry.amdsmi import RESOLUTION_UJ, AmdSmiSource
 from ipw_async.telemetry.base import SourceUnavailable
+from ipw_async.telemetry.setup import _names, open_sources
 
 from .test_sources import FakeNvml
 

@@ -204,7 +204,10 @@ def test_one_module_reads_the_run_directorys_files() -> None:
     assert readers == {"ipw_async.rundir.read"}
 
 
-@pytest.mark.parametrize("init", ["__init__.py", "analysis/__init__.py", "energy/__init__.py", "sim/__init__.py"])
+@pytest.mark.parametrize(
+    "init",
+    ["__init__.py", "analysis/__init__.py", "energy/__init__.py", "harness/__init__.py", "sim/__init__.py", "telemetry/__init__.py"],
+)
 def test_a_lazy_package_lists_each_public_name_once_everywhere(init: str) -> None:
     """``ipw_async`` and its lazy packages name their exports three times (the lazy table,
     ``__all__``, the imports type checkers read): all three must agree."""
