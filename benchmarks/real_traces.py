@@ -138,7 +138,7 @@ def finalized(run: Path, workdir: Path, rule: str | None) -> tuple[pl.DataFrame,
     """A copy of ``run``'s directory finalized with ``rule`` (None: the rule the run recorded,
     ``fitted`` for these runs, the default before ``steps``): its records and summary."""
     from ipw_async import finalize
-    from ipw_async.energy.stepcost import DEFAULT_CONTEXT_COST
+    from ipw_async.energy.settings import DEFAULT_CONTEXT_COST
 
     copy = copied(run, workdir, rule or "default")
     # the runs predate --context-cost and would keep the reading they had: today's default instead
@@ -170,7 +170,7 @@ def cut(run: Path, workdir: Path, fraction: float) -> tuple[Path, int]:
 def by_default(copy: Path) -> pl.DataFrame:
     """A changed copy of a run finalized with the default rule: its records."""
     from ipw_async import finalize
-    from ipw_async.energy.stepcost import DEFAULT_CONTEXT_COST
+    from ipw_async.energy.settings import DEFAULT_CONTEXT_COST
 
     return finalize(copy, attribution="steps", context_cost=DEFAULT_CONTEXT_COST).records
 

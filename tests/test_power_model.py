@@ -17,11 +17,12 @@ from ipw_async import finalize
 from ipw_async.energy import fit as fit_module
 from ipw_async.energy.band import interval_error, perturbed
 from ipw_async.energy.counter import VirtualCounter
-from ipw_async.energy.fit import fit, parse_effects
+from ipw_async.energy.fit import fit
 from ipw_async.energy.model import PowerModel
 from ipw_async.energy.parameters import EFFECTS, GRIDDED, NAMES, PARAMETERS, Evaluation, Scales, bounds
 from ipw_async.energy.prefill import CAPPED_PREFILL_WEIGHT, LEAST_PREFILL_WEIGHT, MOST_PREFILL_WEIGHT
 from ipw_async.energy.problem import Problem
+from ipw_async.energy.settings import parse_effects
 from ipw_async.energy.steps import Steps, infer_steps, step_starts
 from ipw_async.records import RequestRecord, records_frame
 from ipw_async.report import describe_model, describe_selection

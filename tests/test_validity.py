@@ -13,7 +13,8 @@ from ipw_async import run_benchmark
 from ipw_async.harness import RunConfig
 from ipw_async.harness.search import Probe
 from ipw_async.sim import EngineConfig, SimConfig
-from ipw_async.validity.precision import parse_targets, ratio_interval
+from ipw_async.validity.options import parse_targets
+from ipw_async.validity.precision import ratio_interval
 from ipw_async.validity.saturation import Arrivals, assess
 from ipw_async.validity.steady import BATCH, level_shift, mser
 

@@ -12,7 +12,8 @@ and :mod:`.lag` (static power that drifts, a meter that lags),
 :mod:`.stepcost` (the step costs of accounting convention v2, fitted), :mod:`.pooling` (the
 stretches an instant power field's energy is kept over), :mod:`.split` (the
 conservation-keeping split), :mod:`.band` (the least and most each query could have used) and
-:mod:`.attribution` (per meter, the rule, the columns and the summary).
+:mod:`.attribution` (per meter, the rule, the columns and the summary), with
+:mod:`.settings` (what a user asks of them: the rule, the effects, the context sharing).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .._lazy import lazy_names
 # not the fit and scipy.stats behind attribute (a second of imports on a 2-core host)
 _EXPORTS: dict[str, str] = {
     "RULES": "attribution",
-    "AttributionConfig": "attribution",
+    "AttributionConfig": "settings",
     "MeterResult": "attribution",
     "attribute": "attribution",
     "request_windows": "attribution",
@@ -48,14 +49,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .attribution import (
-        RULES,
-        AttributionConfig,
-        MeterResult,
-        attribute,
-        request_windows,
-        split_with_known,
-    )
+    from .attribution import RULES, MeterResult, attribute, request_windows, split_with_known
     from .counter import counter_knots, energy_over, virtual_counter
+    from .settings import AttributionConfig
 
 __getattr__, __dir__ = lazy_names(__name__, _EXPORTS, globals())

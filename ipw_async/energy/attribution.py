@@ -27,15 +27,13 @@ from ..records import CHARS_PER_TOKEN, end_ns
 from ..telemetry.base import Meter
 from .band import BAND_PREFILL_WEIGHTS, band, cost_band, interval_error, perturbed
 from .counter import VirtualCounter, counter_timing, covering, idle_power, series, virtual_counter
-from .fit import fit, parse_effects
+from .fit import fit
 from .model import PowerModel
-from .padding import AUTO, CaptureSizes, parse_capture_sizes
 from .pooling import Pooling, choose_pooling, pooled
 from .problem import Problem, design
+from .settings import AttributionConfig
 from .split import Segments, StepShares, Timeline, equal_segments, safe_div
 from .stepcost import (
-    CONTEXT_COSTS,
-    DEFAULT_CONTEXT_COST,
     MIN_INTERVALS,
     NEAR_TIE_BIC,
     StepCost,
@@ -43,47 +41,6 @@ from .stepcost import (
 )
 from .steps import Steps, estimated_prompts
 from .work import Work, step_shares
-
-POWER_MODEL_NEEDS_FITTED = (
-    "--power-model sets the fitted rule's model of the device: add --attribution fitted "
-    "(the steps rule fits step costs instead)"
-)
-DEFAULT_PREFILL_WEIGHT = 0.25  # a prompt token's work against an output token (prefill is batched)
-
-
-@dataclass(frozen=True)
-class AttributionConfig:
-    rule: str = "steps"
-    prefill_weight: float = DEFAULT_PREFILL_WEIGHT
-    power_model: str = "auto"  # the fitted rule's effects: chosen by the run, or given (fit.parse_effects)
-    context_cost: str = DEFAULT_CONTEXT_COST  # the steps rule's context reads: each request's own, or shared by its step's decoders
-    capture_sizes: str = AUTO  # the batch sizes decode graphs pad to (padding.parse_capture_sizes)
-    baseline_w: float | None = None  # given idle power for accelerator meters
-    baseline_window_ns: tuple[int, int] | None = None  # measure idle power over this window
-    session_starts_ns: tuple[int, ...] = ()  # resumed sessions: no energy counted across the gap
-    gap_factor: float = 4.0  # a telemetry gap longer than this × median spacing is imputed
-
-    def __post_init__(self) -> None:
-        if self.rule not in RULES:
-            raise ValueError(f"unknown attribution rule {self.rule!r}; choose one of {', '.join(RULES)}")
-        self.effects  # noqa: B018 (parsed once, here: raises ValueError, naming what it takes)
-        self.capture  # noqa: B018 (likewise)
-        if self.rule == "steps" and self.power_model != "auto":
-            raise ValueError(POWER_MODEL_NEEDS_FITTED)
-        if self.context_cost not in CONTEXT_COSTS:
-            raise ValueError(
-                f"unknown context cost {self.context_cost!r}; choose {' or '.join(CONTEXT_COSTS)}"
-            )
-
-    @cached_property
-    def effects(self) -> frozenset[str] | None:
-        """The fitted rule's effects as given (``power_model``); None: the run chooses them."""
-        return parse_effects(self.power_model)
-
-    @cached_property
-    def capture(self) -> CaptureSizes | None:
-        """The capture sizes as given; None: the step times choose them."""
-        return parse_capture_sizes(self.capture_sizes)
 
 
 @dataclass

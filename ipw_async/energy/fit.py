@@ -250,23 +250,6 @@ def _starts(problem: Problem, effects: frozenset[str], parent: np.ndarray) -> li
     return starts
 
 
-def parse_effects(text: str) -> frozenset[str] | None:
-    """A ``--power-model`` setting: ``auto`` (None: chosen by the run), ``linear`` (no effect),
-    or effects joined by ``+`` (e.g. ``curve+lag``)."""
-    if text == "auto":
-        return None
-    if text == "linear":
-        return frozenset()
-    effects = frozenset(text.split("+"))
-    unknown = sorted(effects - set(EFFECTS))
-    if unknown:
-        raise ValueError(
-            f"unknown power-model effect {unknown[0]!r}: give auto, linear, or effects joined by + "
-            f"from {', '.join(EFFECTS)} (e.g. curve+lag)"
-        )
-    return effects
-
-
 def fit(problem: Problem, given: frozenset[str] | None = None) -> tuple[PowerModel, list[PowerModel]]:
     """The model the run supports (or the ``given`` effects, fitted), and the other candidates
     its data cannot tell from it (none for a given model: its band is its own uncertainty)."""

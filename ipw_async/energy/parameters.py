@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy import sparse
 
+from .settings import EFFECTS
+
 if TYPE_CHECKING:
     from .problem import Features, Problem
 
 # The effects a model may have beyond static power and linear work, in the order the
 # selection tries them; each must predict held-out meter intervals better to be kept.
-EFFECTS = ("curve", "step", "padding", "context", "position", "lag", "drift")
 # effects fitted over a grid of the design rather than by a row: the meter's lag behind the device
 GRIDDED = frozenset({"lag"})
 DEFAULT_EXPONENT = 1.0

@@ -37,6 +37,7 @@ from scipy.optimize import nnls
 from .band import interval_error
 from .fit import SELECTION_INTERVALS, predicts_better
 from .problem import LAGS_MS, Problem
+from .settings import CONTEXT_COSTS, DEFAULT_CONTEXT_COST
 from .split import StepShares, safe_div
 from .steps import Steps
 
@@ -48,8 +49,6 @@ from .steps import Steps
 # its cost is the step's whatever each request reads. Shared, the context read stood in for a
 # curve's by-work context part too (simulated draws 21006, 21011, 22000: 15.7 / 12.9 / 15.4%
 # at p95, own 9.9 / 8.0 / 12.3%, the real traces alike within 0.01 points).
-CONTEXT_COSTS = ("shared", "own")
-DEFAULT_CONTEXT_COST = "own"
 FOLDS = 4
 REPLICATES = 20  # the band's bootstrap refits of the costs
 # A fit without one of the costs joins the band unless the whole fit explains the meter's

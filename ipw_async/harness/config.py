@@ -13,10 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client import ENDPOINTS
-from ..energy import RULES
-from ..energy.attribution import POWER_MODEL_NEEDS_FITTED
-from ..energy.fit import parse_effects
 from ..energy.padding import parse_capture_sizes
+from ..energy.settings import POWER_MODEL_NEEDS_FITTED, RULE_NAMES, parse_effects
 from ..errors import RunError
 from ..load import LoadSpec
 from ..scoring import SCORERS
@@ -123,8 +121,8 @@ class RunConfig(MeasureOptions, SendOptions):
                 "--cache-salt salts the prompts of --workload prefix or a --trace; add one of them",
             ),
             (
-                self.attribution in RULES,
-                f"unknown attribution rule {self.attribution!r}; choose one of {', '.join(RULES)}",
+                self.attribution in RULE_NAMES,
+                f"unknown attribution rule {self.attribution!r}; choose one of {', '.join(RULE_NAMES)}",
             ),
             (self.attribution != "steps" or self.power_model == "auto", POWER_MODEL_NEEDS_FITTED),
         )

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._options import option
-from ..energy import RULES
-from ..energy.stepcost import CONTEXT_COSTS, DEFAULT_CONTEXT_COST
+from ..energy.settings import CONTEXT_COSTS, DEFAULT_CONTEXT_COST, RULE_NAMES
 from ..sim import SimConfig
 from ..telemetry.process import SAMPLER_PLACES
 from .kept import kept_as, urls_kept
@@ -145,7 +144,7 @@ class MeasureOptions:
             "a power model of the device, the rest by work), tokens (by token work, linearly), "
             "equal, or window (whole-window, over-counts).",
             panel=ENERGY,
-            choices=tuple(RULES),
+            choices=RULE_NAMES,
         ),
     )
     context_cost: str = field(

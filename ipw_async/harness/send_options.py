@@ -13,8 +13,7 @@ from .._options import option
 from ..client import ENDPOINTS, ClientConfig
 from ..load import ARRIVALS, RAMPS
 from ..scoring import SCORERS
-from ..validity.precision import PRECISION_METRICS, parse_targets
-from ..validity.saturation import OVERSATURATION_ACTIONS
+from ..validity.options import OVERSATURATION_ACTIONS, PRECISION_METRICS, parse_targets
 from ..workload.agentic import PROTOCOLS
 from ..workload.body import BodyDefaults
 from ..workload.replay import FORMATS

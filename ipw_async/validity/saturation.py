@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-OVERSATURATION_ACTIONS = ("flag", "stop")
 MIN_S = 10.0  # seconds of load before any verdict
 WINDOW_S = 60.0
 BINS = 10
