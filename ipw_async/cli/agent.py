@@ -5,16 +5,17 @@ from __future__ import annotations
 import os
 import ssl
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .._clock import NS
 from .._loop import run as run_loop
-from ..telemetry import open_sources
-from ..telemetry.http import AGENT_TOKEN_ENV, read_token
-from ..telemetry_agent import MAX_STREAMS, describe, is_loopback, serve_agent
+from ..telemetry.http import AGENT_TOKEN_ENV, MAX_STREAMS, is_loopback, read_token
 from ._common import err, fail
+
+if TYPE_CHECKING:
+    from ..telemetry import TelemetrySetup
 
 DEFAULT_PORT = 9180
 MAKE_TOKEN = "umask 077; python -c 'import secrets; print(secrets.token_urlsafe(32))' > agent.token"
@@ -104,6 +105,9 @@ def agent(
     stamps each reading on this machine's clock; the harness measures the clocks' offset itself.
     Ctrl-C, SIGTERM or SIGHUP is its normal end (exit 0).
     """
+    # the agent's side (its sampler, the counter probes' solver) loads once the options hold
+    from ..telemetry_agent import describe, serve_agent
+
     try:
         token = _token(token_file)
         tls = _tls(tls_cert, tls_key)
@@ -115,6 +119,27 @@ def agent(
             "--token-file agent.token here and --telemetry-token-file to the harness (or --host "
             "127.0.0.1, or --insecure on a network you trust)"
         )
+    setup = _opened(telemetry, sim_url, gpus)
+    err.print("ipw-async agent, serving:")
+    for line in describe(setup, host):
+        err.print(line)
+    if token is None and not is_loopback(host):
+        err.print("  [yellow]no token: anyone who reaches this port reads this host's telemetry[/]")
+    serving = serve_agent(
+        setup, host, port, token=token, tls=tls, max_streams=max_streams, shift_ns=round(clock_shift_s * NS)
+    )
+    try:
+        run_loop(serving)
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _opened(telemetry: str, sim_url: str | None, gpus: str | None) -> TelemetrySetup:
+    """The sources asked for, opened here; a clear error where none opens."""
+    from ..telemetry import open_sources
+
     try:
         setup = open_sources(telemetry, sim_root_url=sim_url, gpus=gpus.split(",") if gpus else None)
     except ValueError as exc:
@@ -123,27 +148,7 @@ def agent(
         raise fail(
             f"no telemetry source opened here ({'; '.join(f'{k}: {v}' for k, v in setup.skipped.items())})"
         )
-    err.print("ipw-async agent, serving:")
-    for line in describe(setup, host):
-        err.print(line)
-    if token is None and not is_loopback(host):
-        err.print("  [yellow]no token: anyone who reaches this port reads this host's telemetry[/]")
-    try:
-        run_loop(
-            serve_agent(
-                setup,
-                host,
-                port,
-                token=token,
-                tls=tls,
-                max_streams=max_streams,
-                shift_ns=round(clock_shift_s * NS),
-            )
-        )
-    except KeyboardInterrupt:
-        pass
-    except OSError as exc:
-        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return setup
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..report import describe_model, describe_selection
 from ._common import err, fail, finish_first, fmt, out
 from .export import Exports, report_page
 from .options import parse_run_args, run_config
@@ -71,6 +70,8 @@ def analyze(
 
 
 def _print_analysis(results: dict[str, dict[str, Any]]) -> None:
+    from ..report import describe_model, describe_selection
+
     if "accuracy" in results:
         acc = results["accuracy"]
         out.print(

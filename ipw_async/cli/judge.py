@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
 
 import typer
@@ -15,10 +15,11 @@ from rich.table import Table
 
 from ..errors import Stopped
 from ..harness.panels import OUTPUT
-from ..judge import JudgeError, JudgeResult, judge_run, parse_spec
-from ..report import ms
 from ..rundir.manifest import RunDirError
 from ._common import Debug, err, fail, finish_first, out
+
+if TYPE_CHECKING:  # the judge and the finisher it runs again load when a judge is asked for
+    from ..judge import JudgeResult
 
 _JUDGE_HELP = (
     "Score the answers with an LLM judge at this OpenAI-compatible URL, after the run "
@@ -28,6 +29,8 @@ _JUDGE_HELP = (
 
 def verdict_table(result: JudgeResult) -> Table:
     """The verdicts in a few rows: counts, why some are unscored, accuracy, the judge's cost."""
+    from ..report import ms
+
     section, summary = result.section, result.summary
     verdicts = section["verdicts"]
     table = Table(
@@ -85,6 +88,8 @@ def judge(
     summary (null, with the reason, where the judge could not score). The judge runs after the
     run's measured window, so its calls are not in the run's energy.
     """
+    from ..judge import JudgeError, judge_run, parse_spec
+
     finish_first(run_dir)  # a run cut short is judged as recover finishes it
     try:
         url, model = parse_spec(spec)
@@ -136,6 +141,8 @@ class Judging:
         """The judge asked for, checked before the run starts; None for none."""
         if options.get("judge") is None:
             return None
+        from ..judge import JudgeError, parse_spec
+
         try:
             url, model = parse_spec(options["judge"])
         except JudgeError as exc:
@@ -148,6 +155,8 @@ class Judging:
     def __call__(self, run_dir: Path, code: int) -> None:
         """Judge the run; a judge that fails is one warning line: the run, its exit ``code`` and
         its files (with its own scoring) stand."""
+        from ..judge import JudgeError, judge_run
+
         try:
             result = judge_run(run_dir, self.url, self.model, api_key=self.api_key)
         except (JudgeError, RunDirError) as exc:

@@ -12,11 +12,9 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import RunError
-from ..harness.live import Display
+from ..harness.display import Display
 from ..harness.panels import TARGET
-from ..proxy import TASK_HEADER, check_exposure, run_proxy
-from ..telemetry.http import read_token, redact_url
-from ..telemetry_agent import is_loopback
+from ..telemetry.http import is_loopback, read_token, redact_url
 from ._common import err, fail, out
 from .export import EXPORT_PARAMETERS, Exports
 from .judge import JUDGE_PARAMETERS, Judging
@@ -124,6 +122,8 @@ def proxy(**options: Any) -> None:
     Ctrl-C or --duration ends the run and finishes its directory: per-call and per-task energy,
     traces and `ipw-async analyze`, as for any run.
     """
+    from ..proxy import check_exposure, run_proxy
+
     values = {name: options[name] for name in _KEPT} | {"base_url": options["upstream"]}
     defaults = {p.name: p.default for p in RUN_PARAMETERS if p.name not in values}
     config = run_config(defaults | values)
@@ -167,6 +167,7 @@ def announcer(display: Display, upstream: str) -> Callable[[str], None]:
     any line written beside it, so there the line goes above the panel, and on stdout too when
     that is not the terminal (a log, a script reading the port of --port 0)."""
     from ..dashboard import Dashboard
+    from ..proxy import TASK_HEADER
 
     def ready(url: str) -> None:
         line = f"proxy listening on {url} → {upstream} (calls with {TASK_HEADER}: NAME are tasks)"

@@ -1,5 +1,6 @@
 """``run``, ``finalize`` and ``sim``: thin shells over :func:`run_benchmark`, :func:`finalize`
-and the simulator's :func:`serve`."""
+and the simulator's :func:`serve`, each imported when its command runs: ``--help`` and a bad
+option answer without loading the run, the finisher and their solvers."""
 
 from __future__ import annotations
 
@@ -8,23 +9,29 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from .._loop import run as run_loop
 from ..errors import RunAborted, RunError, stop_signal
-from ..harness import RunConfig, run_benchmark
-from ..harness.live import Display
-from ..results import RunResult, finalize
+from ..harness.config import RunConfig
+from ..harness.display import Display
 from ..rundir import RunDir
 from ..rundir.manifest import RunDirError
-from ..sim import EngineConfig, Faults, SimConfig, serve
+from ..sim.config import SimConfig
+from ..sim.faults import Faults
+from ..sim.physics import EngineConfig
 from ._common import Debug, err, fail, out
 from .export import EXPORT_PARAMETERS, Exports
 from .judge import JUDGE_PARAMETERS, Judging
 from .options import RUN_PARAMETERS, parameters, run_config, values_for, with_parameters
+
+if TYPE_CHECKING:
+    from ..results import RunResult
+
+    Start = Callable[[RunConfig, Display], Coroutine[Any, Any, RunResult]]
 
 
 def display_for(dashboard: bool, quiet: bool) -> Display:
@@ -38,21 +45,22 @@ def display_for(dashboard: bool, quiet: bool) -> Display:
     return LinesDisplay(quiet=quiet)
 
 
-Start = Callable[[RunConfig, Display], Coroutine[Any, Any, RunResult]]
-
-
 def execute(
     config: RunConfig,
     display: Display,
     exports: Exports | None = None,
     judging: Judging | None = None,
-    start: Start = run_benchmark,
+    start: Start | None = None,
 ) -> int:
-    """Run (``start``: a benchmark, or a proxy's run) with one-line errors, then judge its answers
+    """Run (``start``: a benchmark, the default, or a proxy's run) with one-line errors, then judge its answers
     (``judging``) and make the ``exports`` asked for, so they carry the judged results; the exit
     code says how the run ended (0 ok, 1 partial, 2 unusable, 3 not valid for publishing with
     ``--require-valid``, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP: 128 + the stop signal's number). A
     proxy's run ends normally on a stop signal (0)."""
+    if start is None:
+        from ..harness.live import run_benchmark
+
+        start = run_benchmark
     try:
         result = run_loop(start(config, display))
     except RunError as exc:
@@ -130,6 +138,7 @@ def finalize_command(
     energy options; with none it reproduces the run's own energy figures exactly.
     """
     from ..report import summary_table
+    from ..results import finalize
 
     given = values_for(RunConfig, settings, FINALIZE_SETTINGS)
     try:
@@ -155,6 +164,7 @@ def recover(
     never recorded (in flight at the end, or in its last unflushed second).
     """
     from ..report import summary_table
+    from ..results import finalize
 
     try:
         result = finalize(run_dir)
@@ -177,6 +187,8 @@ def recover(
 def sim(**options: Any) -> None:
     """Serve the built-in SIMULATED OpenAI-compatible server and device until Ctrl-C, SIGTERM or
     SIGHUP, its normal end (exit 0)."""
+    from ..sim.server import serve
+
     host, port = options["host"], options["port"]
     try:
         config = SimConfig(

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ..results import RunResult
 from ..state import RunState
-from ..telemetry import Sampler
-from .health import LoopLag
+
+if TYPE_CHECKING:  # a display is chosen before any of these is loaded (the command line)
+    from ..results import RunResult
+    from ..telemetry import Sampler
+    from .health import LoopLag
 
 
 class Display(Protocol):

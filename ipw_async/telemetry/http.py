@@ -24,6 +24,8 @@ from .base import SourceUnavailable
 # the environment variable an agent's token may be given in, on both sides (never the command
 # line, where `ps` shows it)
 AGENT_TOKEN_ENV = "IPW_ASYNC_AGENT_TOKEN"
+# the streams an agent serves at once (its --max-streams); more are refused until one ends
+MAX_STREAMS = 4
 
 # what a failed GET raises: the caller's source is then unavailable, or its reading missing
 ERRORS = (OSError, http.client.HTTPException)
