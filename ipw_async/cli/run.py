@@ -52,11 +52,11 @@ def execute(
     judging: Judging | None = None,
     start: Start | None = None,
 ) -> int:
-    """Run (``start``: a benchmark, the default, or a proxy's run) with one-line errors, then judge its answers
-    (``judging``) and make the ``exports`` asked for, so they carry the judged results; the exit
-    code says how the run ended (0 ok, 1 partial, 2 unusable, 3 not valid for publishing with
-    ``--require-valid``, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP: 128 + the stop signal's number). A
-    proxy's run ends normally on a stop signal (0)."""
+    """Run (``start``: a benchmark, the default, or a proxy's run) with one-line errors, then
+    judge its answers (``judging``) and make the ``exports`` asked for, so they carry the judged
+    results; the exit code says how the run ended (0 ok, 1 partial, 2 unusable, 3 not valid for
+    publishing with ``--require-valid``, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP: 128 + the stop
+    signal's number). A proxy's run ends normally on a stop signal (0)."""
     if start is None:
         from ..harness.live import run_benchmark
 

@@ -6,8 +6,8 @@ dead server): the background tasks stop, the call source lets go of its port, th
 (they keep the last records), the sampler takes its last reading, the records file closes and
 ``run.json`` says how the run ended, the client and the telemetry sources close, the
 simulator stops, and the tools of a workload performed in this loop close (MCP servers: they
-opened first, so that a bad one fails before anything else starts). A fresh run that fails before it measures (RunError) discards the directory it
-made once all opened in it is closed.
+opened first, so that a bad one fails before anything else starts). A fresh run that fails
+before it measures (RunError) discards the directory it made once all opened in it is closed.
 """
 
 from __future__ import annotations
