@@ -105,9 +105,6 @@ def agent(
     stamps each reading on this machine's clock; the harness measures the clocks' offset itself.
     Ctrl-C, SIGTERM or SIGHUP is its normal end (exit 0).
     """
-    # the agent's side (its sampler, the counter probes' solver) loads once the options hold
-    from ..telemetry_agent import describe, serve_agent
-
     try:
         token = _token(token_file)
         tls = _tls(tls_cert, tls_key)
@@ -119,6 +116,9 @@ def agent(
             "--token-file agent.token here and --telemetry-token-file to the harness (or --host "
             "127.0.0.1, or --insecure on a network you trust)"
         )
+    # the agent's side (its sampler, the counter probes' solver) loads once the options hold
+    from ..telemetry_agent import describe, serve_agent
+
     setup = _opened(telemetry, sim_url, gpus)
     err.print("ipw-async agent, serving:")
     for line in describe(setup, host):
