@@ -109,6 +109,12 @@ def run(ctx: typer.Context, **options: Any) -> None:
     process, with a simulated device) and labels everything as simulated.
     """
     config = run_config(options)
+    try:
+        config.validate()  # a bad option is refused before the run's machinery loads
+    except RunError as exc:
+        if Debug.on:
+            raise
+        raise fail(str(exc)) from None
     judging = Judging.from_options(options)
     display = display_for(not options["no_dashboard"], options["quiet"])
     raise typer.Exit(execute(config, display, Exports.from_options(options), judging))
