@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from ipw_async import finalize, run_benchmark
 from ipw_async.energy import (
+    RULES,
     AttributionConfig,
     attribute,
     counter_knots,
@@ -26,6 +27,7 @@ from ipw_async.energy import (
 )
 from ipw_async.energy.counter import VirtualCounter
 from ipw_async.energy.model import PowerModel
+from ipw_async.energy.settings import RULE_NAMES
 from ipw_async.energy.split import Segments, Timeline
 from ipw_async.energy.steps import step_starts
 from ipw_async.energy.work import Work
@@ -97,7 +99,15 @@ def test_single_request_gets_everything_while_alone() -> None:
     assert m["idle_j"] == pytest.approx(m["total_j"] - 300 * active_s, rel=1e-9)
 
 
-@pytest.mark.parametrize("rule", ["steps", "tokens", "fitted", "equal", "window"])
+def test_every_rule_a_user_can_name_is_a_rule() -> None:
+    """The names the options take (settings, read without the solvers) and the rules that act
+    (attribution) are one set, in one order (the order ``--help`` lists them in)."""
+    assert tuple(RULES) == RULE_NAMES
+    with pytest.raises(ValueError, match="choose one of steps, fitted, tokens, equal, window"):
+        AttributionConfig(rule="joules")
+
+
+@pytest.mark.parametrize("rule", RULE_NAMES)
 def test_a_run_stopped_before_any_request_was_sent_is_all_idle(rule: str) -> None:
     # what a SIGTERM during the first dispatch leaves: records, none of them sent
     t = np.arange(0, 1001, 50, dtype=float)
