@@ -301,6 +301,51 @@ def test_crashed_writer_leaves_a_readable_file(tmp_path: Path) -> None:
     assert read_arrow(tmp_path / "cut.arrow", partial_ok=True).get_column("request_id").to_list() == [0, 1]
 
 
+def test_the_writer_converts_records_by_their_size_and_writes_a_flush_as_one_batch(tmp_path: Path) -> None:
+    import anyio
+
+    def record(i: int, tokens: int, prompt: str = "p") -> RequestRecord:
+        stamps = [i * 1000 + k for k in range(tokens)]
+        return RequestRecord(
+            request_id=i,
+            query_id=f"q{i}",
+            dataset="d",
+            prompt=prompt,
+            sent_ns=i,
+            chunk_ns=stamps,
+            chunk_tokens=[1] * tokens,
+            chunk_server_ns=[None] * tokens,
+        )
+
+    def sizes(records: list[RequestRecord]) -> list[int]:
+        return [len(part) for part in RecordWriter._slices(records)]
+
+    # short records go many to a conversion (each column's call costs the same whatever its
+    # rows), long ones a few, a long prompt weighs as its characters do
+    assert sizes([record(i, 2) for i in range(256)]) == [256]
+    assert sizes([record(i, 128) for i in range(256)]) == [32] * 8
+    long_prompt = "x" * (RecordWriter.SLICE_STAMPS * RecordWriter.SLICE_CHARS)
+    assert sizes([record(0, 2), record(1, 2, long_prompt), record(2, 2)]) == [2, 1]
+
+    path = tmp_path / "measured.arrow"
+    writer = RecordWriter(path, batch_size=100)
+    records = [record(i, 2 if i % 2 else 128) for i in range(100)]
+
+    async def write() -> None:
+        for r in records:
+            if writer.add(r):
+                await writer.flush()
+
+    anyio.run(write)
+    reader = ipc.open_stream(str(path))
+    batches = [batch for batch in reader if batch.num_rows]
+    assert [batch.num_rows for batch in batches] == [100]  # one flush, one batch on disk
+    frame = pl.read_ipc_stream(path)
+    assert frame.get_column("request_id").to_list() == list(range(100))
+    assert frame.get_column("chunk_ns").to_list() == [r.chunk_ns for r in records]
+    assert frame.get_column("itl_s").to_list() == [r.itl_s for r in records]
+
+
 async def test_cached_prompt_tokens_are_recorded(tmp_path: Path) -> None:
     from ipw_async.sim import SimConfig
 

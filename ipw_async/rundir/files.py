@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -110,7 +110,9 @@ class StreamWriter:
 
     def write(self, table: pa.Table) -> None:
         if table.num_rows:
-            self._writer.write_table(table.cast(self.schema))
+            # a table built to the schema is written as it is: a cast walks every column even
+            # where nothing changes (0.56 ms for 32 records, more than writing them)
+            self._writer.write_table(table if table.schema.equals(self.schema) else table.cast(self.schema))
             self._emit()
             self.rows += table.num_rows
 
@@ -262,9 +264,14 @@ class RecordWriter:
     on a timer, so records finished during a long stall reach the disk too.
     """
 
-    # Converting a column of Python values holds the GIL for the whole C call: slices keep
-    # each hold to about 0.1 ms (records_table), so the event loop is never locked out long.
-    SLICE = 32
+    # Converting a column of Python values holds the GIL for the whole C call, so records are
+    # converted a slice at a time, each about this many token stamps' worth (32 records of 128
+    # tokens: about 0.1 ms a column, records_table), and the event loop is never locked out
+    # long. A prompt's, an answer's or a reasoning's characters count a stamp per SLICE_CHARS.
+    # Sliced by count instead, 32 records of 2 tokens cost 49 µs each, most of it each column's
+    # fixed 10 µs a call; at a flush's 256 to a slice, 17 µs.
+    SLICE_STAMPS = 4096
+    SLICE_CHARS = 128
 
     def __init__(
         self,
@@ -291,8 +298,23 @@ class RecordWriter:
         return len(self._pending) >= self.batch_size
 
     def _write(self, records: list[RequestRecord]) -> None:
-        for start in range(0, len(records), self.SLICE):
-            self._stream.write(records_table(records[start : start + self.SLICE]))
+        # built a slice at a time, written as one batch: each batch costs its framing and a
+        # system call (1.7 ms for 256 records in slices of 32, against 0.4 in one)
+        slices = [records_table(part) for part in self._slices(records)]
+        self._stream.write(pa.concat_tables(slices).combine_chunks())
+
+    @classmethod
+    def _slices(cls, records: list[RequestRecord]) -> Iterator[list[RequestRecord]]:
+        start, stamps = 0, 0
+        for end, r in enumerate(records, 1):
+            stamps += (
+                1 + len(r.chunk_ns) + (len(r.prompt) + len(r.answer) + len(r.reasoning)) // cls.SLICE_CHARS
+            )
+            if stamps >= cls.SLICE_STAMPS:
+                yield records[start:end]
+                start, stamps = end, 0
+        if start < len(records):
+            yield records[start:]
 
     async def flush(self) -> None:
         async with self._lock:
