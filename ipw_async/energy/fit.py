@@ -15,7 +15,7 @@ in :mod:`.parameters`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from itertools import combinations
 
@@ -151,14 +151,23 @@ def _rmse(errors: np.ndarray) -> float:
     return float(np.sqrt(np.mean(errors**2)))
 
 
+def mean_absolute(errors: np.ndarray) -> float:
+    return float(np.mean(np.abs(errors)))
+
+
 def predicts_better(
-    richer: np.ndarray, simpler: np.ndarray, tried: int = 1, significance: float = SIGNIFICANCE
+    richer: np.ndarray,
+    simpler: np.ndarray,
+    tried: int = 1,
+    significance: float = SIGNIFICANCE,
+    error: Callable[[np.ndarray], float] = _rmse,
 ) -> bool:
-    """Whether ``richer`` predicts held-out intervals better: by MIN_GAIN of the error, by more
-    than a meter's own resolution, and interval by interval more often than chance would (a
-    one-sided signed-rank test at ``significance``: a mean of squares is ruled by the few worst
-    intervals), chance over the ``tried`` candidates it was the best of (Bonferroni)."""
-    if not (_rmse(richer) < (1 - MIN_GAIN) * _rmse(simpler) and _rmse(simpler) - _rmse(richer) > RESOLUTION):
+    """Whether ``richer`` predicts held-out intervals better: by MIN_GAIN of the ``error`` (the
+    root mean square unless said), by more than a meter's own resolution, and interval by
+    interval more often than chance would (a one-sided signed-rank test at ``significance``: a
+    mean of squares is ruled by the few worst intervals), chance over the ``tried`` candidates
+    it was the best of (Bonferroni)."""
+    if not (error(richer) < (1 - MIN_GAIN) * error(simpler) and error(simpler) - error(richer) > RESOLUTION):
         return False
     gain = np.abs(simpler) - np.abs(richer)
     if not gain.any():
