@@ -1,14 +1,16 @@
 """How much the harness costs per SSE event, and how late it stamps them.
 
-1. The client loop, in one process against the zero-delay simulator (128-token streams at
-   128 and 1,024 concurrent streams): CPU µs per SSE event of ipw-async's client (every event
+1. The client loop, in one process against the zero-delay simulator (128-token streams, or
+   ``--output-tokens``, at 128 and 1,024 concurrent streams): CPU µs per SSE event of ipw-async's client (every event
    stamped at the socket, every record kept), of httpx's response machinery over the same
    transport, and of a bare aiohttp read loop (read, split events, stamp; nothing kept),
    with the ratios measured in the same run.
 2. Whole runs, two regimes, 128-token streams at 64 and 256 concurrent streams (at least
    2,000 requests), what the run around the client costs per event (whole run − loop), and
    what the run reports as its client's cost (``summary.json`` ``client.cpu_us_per_event``: its
-   event loop's thread over the measured phase) against the loop alone at the same streams:
+   event loop's thread over the measured phase) against the loop alone at the same streams,
+   and what its writer's thread costs (``client.writer_cpu_us_per_event``: the records turned
+   into Arrow and written, off the loop):
 
 - zero-delay: the simulator's steps take no time, so it sends as fast as it can and the
   client is saturated. Gives requests/s, SSE events/s and this process's CPU µs per event.
@@ -23,10 +25,12 @@ cost: compare CPU µs/event with and without; ``--sampler process`` reads them i
 the sampler's own (its CPU counted in the run's). ``--own-core`` runs the whole runs against a
 simulator on the last core, the run on the others, as on a GPU host where the server does not
 take the client's cores; by default the run's own simulator shares every core with it.
+``--output-tokens 2`` makes every stream two events long, where what a request costs apart
+from its events (its record, its connection's turn, its row in the file) is most of the bill.
 
     python benchmarks/client_overhead.py [--requests 2000] [--levels 64,256] [--step-ms 5]
         [--loop-levels 128,1024] [--dashboard] [--telemetry none|psutil|auto] [--own-core]
-        [--sampler auto|thread|process]
+        [--sampler auto|thread|process] [--output-tokens 128]
 """
 
 from __future__ import annotations
@@ -59,7 +63,15 @@ from ipw_async.workload.body import BodyDefaults, prompt_fields
 ZERO_DELAY = SimConfig(
     engine=EngineConfig(zero_delay=True, step_per_seq_ms=0.0, step_per_prefill_token_ms=0.0, max_batch=2048)
 )
-BODY = BodyDefaults("sim-small", 128, params={"ignore_eos": True}).encode(prompt_fields("x " * 64, chat=True))
+
+
+def body(tokens: int) -> bytes:
+    """A chat request for ``tokens`` output tokens of a 64-token prompt."""
+    return BodyDefaults("sim-small", tokens, params={"ignore_eos": True}).encode(
+        prompt_fields("x " * 64, chat=True)
+    )
+
+
 HEADERS = {"content-type": "application/json"}
 
 
@@ -80,14 +92,14 @@ async def _timed(streams: int, requests: int, one: Callable[[int], Awaitable[int
     return (time.process_time() - cpu) / events * 1e6
 
 
-async def ipw_loop(base_url: str, streams: int, requests: int) -> float:
+async def ipw_loop(base_url: str, streams: int, requests: int, request: bytes) -> float:
     """ipw-async's client: every event stamped where it came off the socket, every record kept."""
     client = StreamingClient(ClientConfig(base_url=base_url, max_connections=streams), now_ns())
     kept: list[RequestRecord] = []
 
     async def one(i: int) -> int:
         record = RequestRecord(request_id=i, query_id="q", dataset="d", prompt="p")
-        await client.send(record, BODY)
+        await client.send(record, request)
         kept.append(record)
         return record.chunk_count
 
@@ -97,13 +109,15 @@ async def ipw_loop(base_url: str, streams: int, requests: int) -> float:
         await client.aclose()
 
 
-async def bare_loop(base_url: str, streams: int, requests: int) -> float:
+async def bare_loop(base_url: str, streams: int, requests: int, request: bytes) -> float:
     """The least a client can do on aiohttp: read, split events, stamp, keep nothing."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=streams)) as session:
 
         async def one(_: int) -> int:
             events = 0
-            async with session.post(f"{base_url}/chat/completions", data=BODY, headers=HEADERS) as response:
+            async with session.post(
+                f"{base_url}/chat/completions", data=request, headers=HEADERS
+            ) as response:
                 buf = b""
                 async for chunk in response.content.iter_any():
                     time.perf_counter_ns()
@@ -114,7 +128,7 @@ async def bare_loop(base_url: str, streams: int, requests: int) -> float:
         return await _timed(streams, requests, one)
 
 
-async def httpx_loop(base_url: str, streams: int, requests: int) -> float:
+async def httpx_loop(base_url: str, streams: int, requests: int, request: bytes) -> float:
     """httpx's streaming response over ipw-async's transport: read, split, stamp, keep nothing."""
     transport = PoolTransport(ConnectionPool(streams))
     async with httpx.AsyncClient(transport=transport, timeout=None) as http:
@@ -122,7 +136,7 @@ async def httpx_loop(base_url: str, streams: int, requests: int) -> float:
         async def one(_: int) -> int:
             events = 0
             async with http.stream(
-                "POST", f"{base_url}/chat/completions", content=BODY, headers=HEADERS
+                "POST", f"{base_url}/chat/completions", content=request, headers=HEADERS
             ) as r:
                 buf = b""
                 async for chunk in r.aiter_raw():
@@ -137,20 +151,23 @@ async def httpx_loop(base_url: str, streams: int, requests: int) -> float:
 LOOPS = {"ipw-async client": ipw_loop, "httpx over its transport": httpx_loop, "bare aiohttp loop": bare_loop}
 
 
-def client_loops(base_url: str, streams: int, requests: int, rounds: int = 2) -> dict[str, float]:
+def client_loops(
+    base_url: str, streams: int, requests: int, tokens: int, rounds: int = 2
+) -> dict[str, float]:
     """Each loop's CPU µs per event, the median of ``rounds`` alternating rounds."""
     figures: dict[str, list[float]] = {name: [] for name in LOOPS}
     for _ in range(rounds):
         for name, loop in LOOPS.items():
-            figures[name].append(run_loop(loop(base_url, streams, max(requests, 2 * streams))))
+            figures[name].append(run_loop(loop(base_url, streams, max(requests, 2 * streams), body(tokens))))
     return {name: float(np.median(values)) for name, values in figures.items()}
 
 
-def stream_config(**fields: Any) -> RunConfig:
-    """128-token streams of 64-token prompts and nothing but the load: no baseline, no tail."""
+def stream_config(tokens: int = 128, **fields: Any) -> RunConfig:
+    """Streams of ``tokens`` output tokens, 64-token prompts and nothing but the load: no
+    baseline, no tail."""
     return RunConfig(
         dataset="synthetic",
-        output_tokens=128,
+        output_tokens=tokens,
         length_sigma=0.0,
         prompt_tokens=64,
         baseline_s=0,
@@ -180,6 +197,7 @@ def measure(
     telemetry: str = "none",
     own_core: bool = False,
     sampler: str = "auto",
+    tokens: int = 128,
 ) -> dict[str, Any]:
     display: Display | None = None
     if dashboard:
@@ -203,6 +221,7 @@ def measure(
         if own_core:
             server = {"base_url": stack.enter_context(simulator_apart(sim)).base_url}
         config = stream_config(
+            tokens,
             output_dir=Path(tmp) / "run",
             concurrency=concurrency,
             max_queries=requests,
@@ -228,6 +247,8 @@ def measure(
         "loop_lag_ms_p99": lag["p99"],
         # what the run says its client cost: its event loop's thread, over the measured phase
         "reported_us_per_event": result.summary["client"]["cpu_us_per_event"],
+        # the writer's thread: the records turned into Arrow and written, off the loop
+        "writer_us_per_event": result.summary["client"].get("writer_cpu_us_per_event"),
     }
 
 
@@ -256,37 +277,48 @@ def main() -> None:
         help="whole runs against a simulator on the last core, the run on the others, as on a GPU host (Linux)",
     )
     parser.add_argument("--loop-levels", default="128,1024", help="streams for the client-loop comparison")
+    parser.add_argument("--output-tokens", type=int, default=128, help="tokens a stream, in every part")
     args = parser.parse_args()
+    tokens = args.output_tokens
     print(
-        f"1. the client loop, one process, zero-delay simulator, 128-token streams, {args.requests} requests"
+        f"1. the client loop, one process, zero-delay simulator, {tokens}-token streams, {args.requests} requests"
     )
     print(f"{'streams':>7} {'client':<26} {'CPU µs/event':>13} {'× bare aiohttp':>15}")
     loops: dict[int, float] = {}
     with SimulatorProcess(ZERO_DELAY) as sim:
         for level in (int(x) for x in args.loop_levels.split(",")):
-            figures = client_loops(sim.base_url, level, args.requests)
+            figures = client_loops(sim.base_url, level, args.requests, tokens)
             loops[level] = figures["ipw-async client"]
             for name, us in figures.items():
                 print(f"{level:>7} {name:<26} {us:>13.2f} {us / figures['bare aiohttp loop']:>15.2f}")
         levels = [int(x) for x in args.levels.split(",")]
         for level in levels:  # the loop alone at the whole runs' levels, for what the run adds
-            loops.setdefault(level, run_loop(ipw_loop(sim.base_url, level, max(args.requests, 2 * level))))
+            loops.setdefault(
+                level, run_loop(ipw_loop(sim.base_url, level, max(args.requests, 2 * level), body(tokens)))
+            )
     print()
     print(
-        f"2. whole runs: 128-token streams, {args.requests} requests, "
+        f"2. whole runs: {tokens}-token streams, {args.requests} requests, "
         f"dashboard {'on' if args.dashboard else 'off'}, telemetry {args.telemetry} (sampler {args.sampler}), "
         f"{'the simulator on a core of its own' if args.own_core else 'every core shared with the simulator'}"
     )
     print(
         f"{'regime':<14} {'streams':>7} {'req/s':>8} {'events/s':>10} {'CPU µs/event':>13} {'CPU/wall':>9} "
         f"{'stamp p50 ms':>13} {'stamp p99 ms':>13} {'loop lag p99 ms':>16} {'around µs/event':>16} "
-        f"{'reported client':>16} {'÷ loop alone':>13}"
+        f"{'reported client':>16} {'÷ loop alone':>13} {'writer µs/event':>16}"
     )
     for step_ms in (0.0, args.step_ms):
         regime = "zero-delay" if step_ms == 0 else f"paced {step_ms:g} ms"
         for level in levels:
             r = measure(
-                level, args.requests, args.dashboard, step_ms, args.telemetry, args.own_core, args.sampler
+                level,
+                args.requests,
+                args.dashboard,
+                step_ms,
+                args.telemetry,
+                args.own_core,
+                args.sampler,
+                tokens,
             )
             # the run around the client: only comparable where the loop ran flat out too
             around = f"{r['cpu_us_per_event'] - loops[level]:.1f}" if step_ms == 0 else "—"
@@ -296,7 +328,8 @@ def main() -> None:
                 f"{regime:<14} {r['concurrency']:>7} {r['requests_per_s']:>8.1f} {r['sse_events_per_s']:>10,.0f} "
                 f"{r['cpu_us_per_event']:>13.1f} {r['cpu_share_of_wall']:>9.0%} {r['stamp_delay_ms_p50']:>13.3f} "
                 f"{r['stamp_delay_ms_p99']:>13.3f} {r['loop_lag_ms_p99']:>16.2f} {around:>16} "
-                f"{reported if reported is not None else float('nan'):>16.1f} {ratio:>13}"
+                f"{reported if reported is not None else float('nan'):>16.1f} {ratio:>13} "
+                f"{r['writer_us_per_event'] if r['writer_us_per_event'] is not None else float('nan'):>16.1f}"
             )
 
 

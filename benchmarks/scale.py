@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import numpy as np
 import polars as pl
-from client_overhead import ZERO_DELAY, bare_loop, stream_config, stream_figures
+from client_overhead import ZERO_DELAY, bare_loop, body, stream_config, stream_figures
 
 from ipw_async import RunConfig, RunResult, run_benchmark
 from ipw_async._loop import run as run_loop
@@ -137,7 +137,7 @@ def main() -> None:
         sim = stack.enter_context(SimulatorProcess(ZERO_DELAY))
         cluster = stack.enter_context(local_cluster(nodes=2)) if ray else None
         for _ in range(args.repeats):
-            bare.append(run_loop(bare_loop(sim.base_url, args.streams, args.requests)))
+            bare.append(run_loop(bare_loop(sim.base_url, args.streams, args.requests, body(128))))
             for setting in settings:
                 rows[setting].append(
                     throughput(setting, args.streams, args.requests, Path(tmp), sim.base_url)
