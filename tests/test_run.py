@@ -301,7 +301,7 @@ def test_crashed_writer_leaves_a_readable_file(tmp_path: Path) -> None:
     assert read_arrow(tmp_path / "cut.arrow", partial_ok=True).get_column("request_id").to_list() == [0, 1]
 
 
-def test_the_writer_converts_records_by_their_size_and_writes_a_flush_as_one_batch(tmp_path: Path) -> None:
+def test_the_writer_converts_records_a_slice_of_their_size_at_a_time(tmp_path: Path) -> None:
     import anyio
 
     def record(i: int, tokens: int, prompt: str = "p") -> RequestRecord:
@@ -339,7 +339,7 @@ def test_the_writer_converts_records_by_their_size_and_writes_a_flush_as_one_bat
     anyio.run(write)
     reader = ipc.open_stream(str(path))
     batches = [batch for batch in reader if batch.num_rows]
-    assert [batch.num_rows for batch in batches] == [100]  # one flush, one batch on disk
+    assert [batch.num_rows for batch in batches] == sizes(records) == [63, 37]  # a batch a slice
     frame = pl.read_ipc_stream(path)
     assert frame.get_column("request_id").to_list() == list(range(100))
     assert frame.get_column("chunk_ns").to_list() == [r.chunk_ns for r in records]
