@@ -1,11 +1,11 @@
 """How much the harness costs per SSE event, and how late it stamps them.
 
 1. The client loop, in one process against the zero-delay simulator (128-token streams, or
-   ``--output-tokens``, at 128 and 1,024 concurrent streams): CPU µs per SSE event of ipw-async's client (every event
-   stamped at the socket, every record kept), of httpx's response machinery over the same
-   transport, and of a bare aiohttp read loop (read, split events, stamp; nothing kept),
-   with the ratios measured in the same run.
-2. Whole runs, two regimes, 128-token streams at 64 and 256 concurrent streams (at least
+   ``--output-tokens``, at 128 and 1,024 concurrent streams): CPU µs per SSE event of
+   ipw-async's client (every event stamped at the socket, every record kept), of httpx's
+   response machinery over the same transport, and of a bare aiohttp read loop (read, split
+   events, stamp; nothing kept), with the ratios measured in the same run.
+2. Whole runs, two regimes, the same streams at 64 and 256 concurrent streams (at least
    2,000 requests), what the run around the client costs per event (whole run − loop), and
    what the run reports as its client's cost (``summary.json`` ``client.cpu_us_per_event``: its
    event loop's thread over the measured phase) against the loop alone at the same streams,
