@@ -3,15 +3,18 @@ the opening burst's spread, and whether the client rather than the server set th
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
 from ipw_async import read_arrow, run_benchmark
-from ipw_async.harness.health import HarnessCpu
+from ipw_async.harness.health import HarnessCpu, LoopLag
 from ipw_async.rundir.files import ThreadCpu, write_in_thread
 from ipw_async.sim import SimulatorProcess
 from ipw_async.stats import client_stats
@@ -58,7 +61,26 @@ def test_a_busy_or_late_loop_is_named_as_the_limit() -> None:
     assert client_stats(records, busy, 8)["client_limited"] == "its event loop was busy 97% of the window"
     assert client_stats(records, busy | {"processes": 2}, 8)["client_limited"] is None  # 49% each
     late = calm | {"loop_lag_ms": {"p99": 25.0}}
-    assert "10 ms timer 25 ms late" in client_stats(records, late, 8)["client_limited"]
+    assert "a timer 25 ms late" in client_stats(records, late, 8)["client_limited"]
+
+
+async def test_the_loop_lag_sees_a_stall_and_costs_nothing_once_stopped() -> None:
+    lag = LoopLag()
+    measuring = asyncio.create_task(lag.measure())
+    await asyncio.sleep(0.3)
+    calm = len(lag.lags_ms)
+    time.sleep(0.25)  # the loop stalled: the tick due inside it runs when it ends
+    await asyncio.sleep(0.2)
+    measuring.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await measuring
+    stopped = len(lag.lags_ms)
+    await asyncio.sleep(0.15)
+    assert 3 <= calm <= 7  # about 0.3 s / 50 ms: a tick per period, none per event
+    assert max(lag.lags_ms[:calm]) < 20  # an idle loop: only the timer's own slack
+    assert max(lag.lags_ms) >= 250 - 50 - 5  # a tick fell due in the first period of the stall
+    assert len(lag.lags_ms) == stopped  # the timer went with the task
+    assert lag.recent_p99() == pytest.approx(np.percentile(lag.lags_ms, 99))
 
 
 def test_what_was_not_measured_is_null_not_zero() -> None:
