@@ -16,6 +16,7 @@ ends) or an open loop can trip it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -42,24 +43,31 @@ class Trend:
 
     @property
     def rising(self) -> bool:
-        critical = float(stats.t.ppf(1 - P_VALUE, self.bins - 2))
-        return self.t > critical and self.rise >= MIN_RISE
+        return self.t > _critical_t(self.bins - 2) and self.rise >= MIN_RISE
+
+
+@cache
+def _critical_t(dof: int) -> float:
+    return float(stats.t.ppf(1 - P_VALUE, dof))
 
 
 def trend(centers_s: np.ndarray, values: np.ndarray) -> Trend | None:
-    """The slope of ``values`` against time, with its t statistic; None under 3 finite bins."""
+    """The slope of ``values`` against time, with its t statistic; None under 3 finite bins.
+
+    Least squares in closed form: the live watch looks every second on the event loop, where
+    ``scipy.stats.linregress`` would cost 0.3 ms of argument checks per line of 10 points."""
     keep = np.isfinite(values)
     x, y = centers_s[keep], values[keep]
     if x.size < 3 or np.ptp(x) == 0:
         return None
-    fit = stats.linregress(x, y)
-    mean = float(np.mean(y))
-    if fit.stderr == 0:
-        t = np.inf if fit.slope > 0 else (-np.inf if fit.slope < 0 else 0.0)
-    else:
-        t = fit.slope / fit.stderr
-    rise = fit.slope * float(np.ptp(x)) / mean if mean > 0 else 0.0
-    return Trend(float(fit.slope), float(rise), float(t), int(x.size))
+    dx, mean = x - x.mean(), float(y.mean())
+    sxx = float(dx @ dx)
+    slope = float(dx @ (y - mean)) / sxx
+    residual = y - mean - slope * dx
+    stderr = np.sqrt(float(residual @ residual) / (x.size - 2) / sxx)
+    t = slope / stderr if stderr > 0 else (np.inf if slope > 0 else -np.inf if slope < 0 else 0.0)
+    rise = slope * float(np.ptp(x)) / mean if mean > 0 else 0.0
+    return Trend(slope, float(rise), float(t), int(x.size))
 
 
 @dataclass
@@ -125,15 +133,18 @@ def check(arrivals: Arrivals, start_s: float, now_s: float) -> Check | None:
     in_flight = np.bincount(slot, weights=level, minlength=BINS) / np.maximum(
         np.bincount(slot, minlength=BINS), 1
     )
-    waits = np.full(BINS, np.nan)
-    times, wait = arrivals.first_tokens(lo, now_s)
-    where = np.minimum(np.searchsorted(edges, times, "right") - 1, BINS - 1)
-    for b in range(BINS):
-        inside = wait[where == b]
-        if inside.size:
-            waits[b] = np.median(inside)
+    times, wait = arrivals.first_tokens(lo, now_s)  # in time order: each bin is a slice
+    waits = np.array([_median(part) for part in np.split(wait, np.searchsorted(times, edges[1:-1]))])
     ttft = trend(centers, waits) if np.isfinite(waits).sum() >= MIN_BINS else None
     return Check(now_s, trend(centers, in_flight), ttft)
+
+
+def _median(values: np.ndarray) -> float:
+    """``np.median`` without its wrapper's 90 µs: ten of these per look, on the event loop."""
+    if not values.size:
+        return np.nan
+    ordered = np.sort(values)
+    return float(ordered[(values.size - 1) // 2] + ordered[values.size // 2]) / 2
 
 
 def onset(arrivals: Arrivals, start_s: float, end_s: float) -> float:
