@@ -25,6 +25,9 @@ Clients and modes:
 - ``ipw-async-default`` ``ipw-async run`` at concurrency 64 as users run it: its default telemetry
   (psutil and the CPU model here, NVML and RAPL where there are) and idle baseline, where the
   two rows above measure with ``--telemetry none --baseline-s 0``, like the peers.
+- ``ipw-async-rate-default`` the paced run as users run it, with the same defaults. Paced, a run
+  lasts as long at any speed of client, so what it does every second (the sampler's ticks, the
+  loop-lag timer, flushes) lands in the marginal figure.
 - ``guidellm``       ``guidellm run --profile kind=concurrent,streams=64``.
 - ``aiperf-rate``    ``aiperf profile --request-rate R --arrival-pattern constant``.
 - ``aiperf-c64``     ``aiperf profile --concurrency 64``.
@@ -43,7 +46,8 @@ guidellm's venv is required (it is the server); a missing aiperf or ipw-async is
 one-line message. Run:
 
     python benchmarks/peers.py [--requests 400] [--rate 50] [--repeats 2]
-        [--clients ipw-async,ipw-async-rate,ipw-async-default,guidellm,aiperf-rate,aiperf-c64]
+        [--clients ipw-async,ipw-async-rate,ipw-async-default,ipw-async-rate-default,
+                   guidellm,aiperf-rate,aiperf-c64]
 """
 
 from __future__ import annotations
@@ -74,8 +78,8 @@ REPO = Path(__file__).resolve().parents[1]
 CONCURRENCY = 64
 PROMPT_TOKENS = 64
 OUTPUT_TOKENS = 128
-ALL_CLIENTS = ("ipw-async", "ipw-async-rate", "ipw-async-default", "guidellm", "aiperf-rate", "aiperf-c64")
-IPW_CLIENTS = {"ipw-async", "ipw-async-rate", "ipw-async-default"}
+IPW_CLIENTS = ("ipw-async", "ipw-async-rate", "ipw-async-default", "ipw-async-rate-default")
+ALL_CLIENTS = (*IPW_CLIENTS, "guidellm", "aiperf-rate", "aiperf-c64")
 
 # Runs `guidellm mock-server ARGS...` unchanged but for an SSE event counter and no access log.
 MOCK_LAUNCHER = """
@@ -264,7 +268,7 @@ def make_clients(args: argparse.Namespace, server: Server, tokenizer: Path) -> l
     ipw = [args.ipw_async] if shutil.which(args.ipw_async) else None
     if ipw is None and (REPO / "ipw_async").is_dir():
         ipw = [sys.executable, "-m", "ipw_async"]
-    if wanted & IPW_CLIENTS and ipw is None:
+    if wanted & set(IPW_CLIENTS) and ipw is None:
         print(f"peers.py: skipping ipw-async: {args.ipw_async} not found", file=sys.stderr)
     elif ipw is not None:
         pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
@@ -304,12 +308,16 @@ def make_clients(args: argparse.Namespace, server: Server, tokenizer: Path) -> l
         if "ipw-async" in wanted:
             load = ["--concurrency", str(CONCURRENCY)]
             clients.append(Client("ipw-async", f"c{CONCURRENCY}", ipw_argv(load), env, ipw_rate))
+        paced = ["--rate", str(rate), "--arrival", "constant"]
         if "ipw-async-rate" in wanted:
-            load = ["--rate", str(rate), "--arrival", "constant"]
-            clients.append(Client("ipw-async", f"rate {rate:g}/s", ipw_argv(load), env, ipw_rate))
+            clients.append(Client("ipw-async", f"rate {rate:g}/s", ipw_argv(paced), env, ipw_rate))
         if "ipw-async-default" in wanted:
             load = ["--concurrency", str(CONCURRENCY)]
             clients.append(Client("ipw-async", f"c{CONCURRENCY} default", ipw_argv(load, []), env, ipw_rate))
+        if "ipw-async-rate-default" in wanted:
+            clients.append(
+                Client("ipw-async", f"rate {rate:g}/s default", ipw_argv(paced, []), env, ipw_rate)
+            )
 
     guidellm = args.guidellm_bin / "guidellm"
     if "guidellm" in wanted:
