@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 import time
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from ipw_async._clock import now_ns
 from ipw_async.telemetry import OpenSource, Sampler
 from ipw_async.telemetry.base import Meter, Reading, SourceInfo, TelemetrySource
+from ipw_async.validity.gate import publishable
 
 # its ticks' lateness is measured on this machine's clock: no other test beside them
 pytestmark = pytest.mark.timing
@@ -113,6 +115,19 @@ async def test_sampler_records_a_failed_read_as_null() -> None:
     values = sampler.log.frame().get_column("slow.energy_j").to_list()
     assert values[0] is None and values[1] == 2.0
     assert sampler.quality().samples == 6
+
+
+async def test_without_a_source_no_sampler_ran_and_none_is_said_to_be_on_time() -> None:
+    sampler = Sampler([], period_s=0.05, t0_ns=now_ns())
+    await asyncio.wait_for(sampler.run(), timeout=1)
+    await sampler.sample_once()  # the run's last reading: none to take
+    quality = sampler.quality()
+    assert len(sampler.log) == 0 and quality.samples == 0
+    # missing, not zero: no tick was skipped or late because none was due
+    assert quality.skipped_ticks is None and quality.lateness_ms["p99"] is None
+    assert quality.runs_in is None and quality.scheduling is None
+    checks = publishable({"telemetry": {"sampler": asdict(quality)}})["checks"]
+    assert checks["sampler"]["ok"] is None and "no telemetry source was read" in checks["sampler"]["detail"]
 
 
 async def _scheduling_of(sampler: Sampler) -> str:

@@ -95,11 +95,11 @@ class TelemetryLog:
 class SamplerQuality:
     period_ms: float
     samples: int = 0
-    skipped_ticks: int = 0
+    skipped_ticks: int | None = 0  # None: no sampler ran (no telemetry source)
     lateness_ms: dict[str, float | int | None] = field(default_factory=dict)
     read_latency_ms: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
-    scheduling: str = "normal"  # the sampler thread's: "real-time", or "normal" and why
-    runs_in: str = "thread"  # of the run's process, or "process" (a process of its own)
+    scheduling: str | None = "normal"  # the sampler thread's: "real-time", or "normal" and why
+    runs_in: str | None = "thread"  # of the run's process, or "process" (a process of its own)
     failure: str | None = None  # why it stopped before the run's end, where it did
     # per meter: the longest time between two of its readings (a hung agent, skipped ticks)
     # beside its counter's update period, which a gap longer than blurs
@@ -309,6 +309,8 @@ class Sampler:
         """One reading now: the run's last. A sampler in its own process takes it as it ends
         (ended here where the run never got to end it); one that died has none, rather than
         one read here by counters that never tracked the device's (a RAPL wrap)."""
+        if not self._sources:
+            return
         if self._child is None:
             self._append(await asyncio.to_thread(self.reading_now))
             return
@@ -508,6 +510,10 @@ class Sampler:
         return True
 
     def quality(self) -> SamplerQuality:
+        if not self._sources:  # nothing was read: no tick was on time, late or skipped
+            return SamplerQuality(
+                self.period_ns / 1e6, 0, None, distribution([]), scheduling=None, runs_in=None
+            )
         cols = self.log.columns
 
         def ms(column: str) -> dict[str, float | int | None]:

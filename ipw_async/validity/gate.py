@@ -96,7 +96,8 @@ def _coverage(checks: _Checks, meters: dict[str, Any], sampler: dict[str, Any]) 
             )
     skipped = sampler.get("skipped_ticks")
     if skipped is None:
-        checks.add("sampler", None, "the sampler's ticks are not known (the run did not record its end)")
+        why = "no telemetry source was read" if sampler.get("samples") == 0 else "the run did not record its end"
+        checks.add("sampler", None, f"the sampler's ticks are not known ({why})")
     else:
         checks.add("sampler", skipped == 0, f"the sampler skipped {skipped:,} ticks" if skipped else "no tick skipped")
 
