@@ -8,9 +8,12 @@ over the pairs, and their ranges): TTFT p50 / p99, e2e p50, loop lag p99, the cl
 SSE event on its event loop and for the whole run, the sampler's share of a core, its ticks'
 lateness p99 and its skipped ticks; then the ratio of each default figure to its twin's.
 ``--versus process`` sets the default against the same telemetry read by ``--sampler process``.
+``--rate`` paces the requests instead (constant arrivals): at a trickle (``--rate 0.5
+--requests 20``) the core shares are what a run costs a second with next to nothing in flight,
+its timers and its sampler, which is what a paced run pays however fast its client is.
 
-    python benchmarks/telemetry_overhead.py [--concurrency 64] [--requests 1500] [--pairs 3]
-        [--versus none|process]
+    python benchmarks/telemetry_overhead.py [--concurrency 64 | --rate R] [--requests 1500]
+        [--pairs 3] [--versus none|process]
 """
 
 from __future__ import annotations
@@ -32,14 +35,16 @@ FIGURES = {  # name: (unit, where in summary.json)
     "loop lag p99": ("ms", ("client", "loop_lag_p99_ms"), 1.0),
     "loop CPU/event": ("µs", ("client", "cpu_us_per_event"), 1.0),
     "process CPU/event": ("µs", ("client", "process_cpu_us_per_event"), 1.0),
+    "loop core share": ("%", ("harness", "loop_share"), 100.0),
+    "process core share": ("%", ("harness", "cpu_share"), 100.0),
     "sampler core share": ("%", ("telemetry", "sampler", "cpu_share"), 100.0),
     "sampler late p99": ("ms", ("telemetry", "sampler", "lateness_ms", "p99"), 1.0),
     "skipped ticks": ("", ("telemetry", "sampler", "skipped_ticks"), 1.0),
 }
 
 
-def run(options: list[str], out: Path, concurrency: int, requests: int, seed: int) -> dict[str, Any]:
-    command = [sys.executable, "-m", "ipw_async", "run", "-c", str(concurrency), "-n", str(requests)]
+def run(options: list[str], out: Path, load: list[str], requests: int, seed: int) -> dict[str, Any]:
+    command = [sys.executable, "-m", "ipw_async", "run", *load, "-n", str(requests)]
     command += ["--seed", str(seed), "--baseline-s", "1", "-q", "-o", str(out), *options]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
@@ -56,6 +61,9 @@ def figure(summary: dict[str, Any], path: tuple[str, ...], scale: float) -> floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, default=64, help="streams in flight")
+    parser.add_argument(
+        "--rate", type=float, help="requests/s with constant arrivals, in place of --concurrency"
+    )
     parser.add_argument("--requests", type=int, default=1500, help="requests measured per run")
     parser.add_argument("--pairs", type=int, default=3, help="runs per side (the order alternates)")
     parser.add_argument(
@@ -68,16 +76,20 @@ def main() -> None:
     twin = "--telemetry none" if args.versus == "none" else "--sampler process"
     sides = {"default": [], twin: TWINS[args.versus]}
     found: dict[str, dict[str, list[float]]] = {side: {name: [] for name in FIGURES} for side in sides}
+    if args.rate is None:
+        load, said = ["-c", str(args.concurrency)], f"c={args.concurrency}"
+    else:
+        load, said = ["--rate", str(args.rate), "--arrival", "constant"], f"{args.rate:g} requests/s"
     with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):
             order = list(sides) if pair % 2 == 0 else list(sides)[::-1]
             for n, side in enumerate(order):
-                summary = run(sides[side], Path(tmp) / f"{pair}-{n}", args.concurrency, args.requests, pair)
+                summary = run(sides[side], Path(tmp) / f"{pair}-{n}", load, args.requests, pair)
                 for name, (_, path, scale) in FIGURES.items():
                     value = figure(summary, path, scale)
                     if value is not None:
                         found[side][name].append(value)
-    print(f"c={args.concurrency}, {args.requests} requests a run, {args.pairs} pairs (medians)")
+    print(f"{said}, {args.requests} requests a run, {args.pairs} pairs (medians)")
     print(f"{'figure':<20}{'default':>12}{twin:>18}{'ratio':>8}   ranges (default; {twin})")
     for name, (unit, _, _) in FIGURES.items():
         default, none = (statistics.median(found[s][name]) if found[s][name] else None for s in sides)
