@@ -152,10 +152,10 @@ class Heard:
         self.stopped: list[str] = []
         self.refuse_records = refuse_records
 
-    def next_id(self) -> int:
+    def number(self) -> int:
         return next(self.ids)
 
-    def started(self) -> None:
+    def started(self, unit_id: int | None, number: int) -> None:
         pass
 
     async def kept(self, record: RequestRecord) -> None:

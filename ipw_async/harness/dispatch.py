@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ..client import StreamingClient
-from ..records import RequestRecord
-from ..workload import TaskLog, WorkUnit
+from ..workload import WorkUnit
 from .ledger import RunLedger
 from .worker_protocol import WorkerSetup
 
@@ -50,7 +49,7 @@ class LocalDispatch:
 
     def __init__(self, ledger: RunLedger, setup: WorkerSetup, client: StreamingClient) -> None:
         self.ledger = ledger
-        self.requests = setup.requests(client, self)
+        self.requests = setup.requests(client, ledger)  # the ledger is their sink, as it is
 
     async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
         await self.requests.workload.perform(unit, self.requests, scheduled_ns)
@@ -61,19 +60,3 @@ class LocalDispatch:
 
     def report(self) -> None:
         return None
-
-    # the requests' sink: the ledger, directly
-    def number(self) -> int:
-        return self.ledger.next_id()
-
-    def started(self, record: RequestRecord) -> None:
-        self.ledger.started()
-
-    async def kept(self, record: RequestRecord) -> None:
-        await self.ledger.kept(record)
-
-    def task_started(self) -> None:
-        self.ledger.task_started()
-
-    def task_done(self, log: TaskLog) -> None:
-        self.ledger.task_done(log)

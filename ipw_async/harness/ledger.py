@@ -16,27 +16,13 @@ from ..records import ErrorType, RequestRecord, Status
 from ..rundir.writer import RunWriter
 from ..state import RunState
 from ..workload import TaskLog, Workload, WorkUnit
+from .requests import RequestSink
 from .watch import RunWatch
 
 
-class Coordinator(Protocol):
-    """What the run hears from wherever its units run."""
-
-    def next_id(self) -> int:
-        """The run-wide id of a request about to start."""
-        ...
-
-    def started(self) -> None:
-        """A request was sent."""
-        ...
-
-    async def kept(self, record: RequestRecord) -> None:
-        """A request ended (its record is final)."""
-        ...
-
-    def task_started(self) -> None: ...
-
-    def task_done(self, log: TaskLog) -> None: ...
+class Coordinator(RequestSink, Protocol):
+    """What the run hears from wherever its units run: their requests, as a unit in this loop
+    tells them (run-wide ids), and an early end."""
 
     def stop(self, reason: str) -> None:
         """End the run early for ``reason``."""
@@ -99,7 +85,7 @@ class RunLedger:
         """Whether the run still sends: not aborted, and not stopped by its own rule."""
         return not (self.abort.event.is_set() or self.stopped)
 
-    def next_id(self) -> int:
+    def number(self) -> int:
         return next(self._ids)
 
     @property
@@ -107,7 +93,7 @@ class RunLedger:
         """Requests sent in the whole run, earlier sessions included."""
         return self.first_request_id + self._sent
 
-    def started(self) -> None:
+    def started(self, unit_id: int | None, number: int) -> None:
         self._sent += 1
         self.state.started()
         if self.watch is not None:

@@ -17,13 +17,16 @@ from ..workload.body import BodyDefaults
 
 
 class RequestSink(Protocol):
-    """Where a unit's requests and task logs go as they happen."""
+    """Where requests and task logs go as they happen: the run's ledger itself, or a worker's
+    messages to it (renumbered there, :class:`~.worker_protocol.Renumbering`)."""
 
     def number(self) -> int:
         """An id for a new record (the run's, or a worker's own until the coordinator renumbers)."""
         ...
 
-    def started(self, record: RequestRecord) -> None: ...
+    def started(self, unit_id: int | None, number: int) -> None:
+        """Request ``number`` (of unit ``unit_id``, where it has one) was sent."""
+        ...
 
     async def kept(self, record: RequestRecord) -> None: ...
 
@@ -84,7 +87,7 @@ class UnitRequests:
         body: bytes,
         judge: Callable[[RequestRecord], bool | None] | None = None,
     ) -> None:
-        self.sink.started(record)
+        self.sink.started(record.unit_id, record.request_id)
         try:
             await self.client.send(record, body)
         finally:

@@ -127,8 +127,8 @@ class WorkerSink:
     def number(self) -> int:
         return next(self._numbers)
 
-    def started(self, record: RequestRecord) -> None:
-        self.send(Started(record.unit_id, record.request_id))
+    def started(self, unit_id: int | None, number: int) -> None:
+        self.send(Started(unit_id, number))
 
     async def kept(self, record: RequestRecord) -> None:
         self.send(Kept(record))
@@ -164,8 +164,8 @@ class Renumbering:
     async def apply(self, worker: int, report: Report) -> None:
         match report:
             case Started(unit_id, number):
-                self._ids[(worker, unit_id, number)] = self.run.next_id()
-                self.run.started()
+                ours = self._ids[(worker, unit_id, number)] = self.run.number()
+                self.run.started(unit_id, ours)
             case Kept(record):
                 key = (worker, record.unit_id, record.request_id)
                 # a task's calls keep their numbers until its log is renumbered too

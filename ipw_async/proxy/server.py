@@ -200,7 +200,7 @@ class RecordingProxy:
         assert handler is not None
         self._handlers.add(handler)
         record, task = self._record(task_name, arrived)
-        self.ledger.started()
+        self.ledger.started(None, record.request_id)
         try:
             return await self._relay(request, record, endpoint, headers, call)
         except asyncio.CancelledError:
@@ -263,7 +263,7 @@ class RecordingProxy:
         return response
 
     def _record(self, task_name: str | None, arrived: int) -> tuple[RequestRecord, _Task | None]:
-        request_id = self.ledger.next_id()
+        request_id = self.ledger.number()
         task = None
         if task_name:
             task = self._tasks.get(task_name)
