@@ -27,10 +27,13 @@ simulator on the last core, the run on the others, as on a GPU host where the se
 take the client's cores; by default the run's own simulator shares every core with it.
 ``--output-tokens 2`` makes every stream two events long, where what a request costs apart
 from its events (its record, its connection's turn, its row in the file) is most of the bill.
+``--lone`` adds part 1 again with one stream against a simulator stepping every 2 ms, where
+every event comes off the socket alone, a wakeup and a read of its own (a paced run's case):
+what each loop costs there is mostly the kernel's.
 
     python benchmarks/client_overhead.py [--requests 2000] [--levels 64,256] [--step-ms 5]
         [--loop-levels 128,1024] [--dashboard] [--telemetry none|psutil|auto] [--own-core]
-        [--sampler auto|thread|process] [--output-tokens 128]
+        [--sampler auto|thread|process] [--output-tokens 128] [--lone]
 """
 
 from __future__ import annotations
@@ -63,6 +66,12 @@ from ipw_async.workload.body import BodyDefaults, prompt_fields
 ZERO_DELAY = SimConfig(
     engine=EngineConfig(zero_delay=True, step_per_seq_ms=0.0, step_per_prefill_token_ms=0.0, max_batch=2048)
 )
+
+LONE_STEP_MS = 2.0
+LONE = SimConfig(
+    engine=EngineConfig(step_base_ms=LONE_STEP_MS, step_per_seq_ms=0.0, step_per_prefill_token_ms=0.0)
+)
+LONE_REQUESTS = 40  # one at a time: 40 x 128 events at 2 ms each, about 10 s a loop
 
 
 def body(tokens: int) -> bytes:
@@ -278,6 +287,11 @@ def main() -> None:
     )
     parser.add_argument("--loop-levels", default="128,1024", help="streams for the client-loop comparison")
     parser.add_argument("--output-tokens", type=int, default=128, help="tokens a stream, in every part")
+    parser.add_argument(
+        "--lone",
+        action="store_true",
+        help="the client loops with one stream against 2 ms steps too: every event read alone",
+    )
     args = parser.parse_args()
     tokens = args.output_tokens
     print(
@@ -296,6 +310,15 @@ def main() -> None:
             loops.setdefault(
                 level, run_loop(ipw_loop(sim.base_url, level, max(args.requests, 2 * level), body(tokens)))
             )
+    if args.lone:
+        print(
+            f"1b. the client loop, one stream, a simulator on a core of its own stepping every {LONE_STEP_MS:g} ms: "
+            "each event alone"
+        )
+        with simulator_apart(LONE) as sim:
+            figures = client_loops(sim.base_url, 1, LONE_REQUESTS, tokens)
+        for name, us in figures.items():
+            print(f"{1:>7} {name:<26} {us:>13.2f} {us / figures['bare aiohttp loop']:>15.2f}")
     print()
     print(
         f"2. whole runs: {tokens}-token streams, {args.requests} requests, "
