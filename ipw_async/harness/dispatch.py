@@ -49,7 +49,7 @@ class LocalDispatch:
 
     def __init__(self, ledger: RunLedger, setup: WorkerSetup, client: StreamingClient) -> None:
         self.ledger = ledger
-        self.requests = setup.requests(client, ledger)  # the ledger is their sink, as it is
+        self.requests = setup.requests(client, ledger)  # the ledger hears its requests itself
 
     async def execute(self, unit: WorkUnit, scheduled_ns: int) -> None:
         await self.requests.workload.perform(unit, self.requests, scheduled_ns)

@@ -512,7 +512,12 @@ class Sampler:
     def quality(self) -> SamplerQuality:
         if not self._sources:  # nothing was read: no tick was on time, late or skipped
             return SamplerQuality(
-                self.period_ns / 1e6, 0, None, distribution([]), scheduling=None, runs_in=None
+                period_ms=self.period_ns / 1e6,
+                samples=0,
+                skipped_ticks=None,
+                lateness_ms=distribution([]),
+                scheduling=None,
+                runs_in=None,
             )
         cols = self.log.columns
 
