@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import heapq
 import json
 import shutil
@@ -75,7 +76,8 @@ import numpy as np
 import polars as pl
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TRACES = ROOT.parent / "shared" / "traces"
+# the sets beside the clone (the H100's) and those kept in this repository (runs from lent GPUs)
+DEFAULT_TRACES = (ROOT.parent / "shared" / "traces", ROOT / "benchmarks" / "traces")
 MIN_E2E_S = 2.0
 
 
@@ -386,7 +388,7 @@ def rebuild(run: Path, static_w: float | None) -> Rebuilt:
     at ``static_w`` (None: fitted with the scale factors, as the shipped reference)."""
     run_dir = run / "run"
     t0 = json.loads((run_dir / "run.json").read_text())["clock"]["t0_monotonic_ns"]
-    log = json.loads((run.parent / "steps.json").read_text())
+    log = step_log(run.parent)
     steps = _priced_steps(log, Probe.read(run.parent / "physics.json"), t0)
     with open(run / "request_map.csv") as f:
         request_of = {r["server_rid"]: int(r["request_id"]) for r in csv.DictReader(f)}
@@ -440,10 +442,20 @@ def rebuild(run: Path, static_w: float | None) -> Rebuilt:
     return Rebuilt(reference, static, shift, k_decode, k_prefill, float(r2), idle)
 
 
+def step_log(trace_set: Path) -> dict:
+    """The server's step log of a set: ``steps.json``, or gzipped as sets kept in this repository are."""
+    plain = trace_set / "steps.json"
+    if plain.is_file():
+        return json.loads(plain.read_text())
+    with gzip.open(trace_set / "steps.json.gz", "rt") as f:
+        return json.load(f)
+
+
 def rebuildable(run: Path) -> bool:
     """Whether ``run``'s set has what :func:`rebuild` needs."""
     return (
-        all((run.parent / name).is_file() for name in ("steps.json", "physics.json"))
+        any((run.parent / name).is_file() for name in ("steps.json", "steps.json.gz"))
+        and (run.parent / "physics.json").is_file()
         and (run / "request_map.csv").is_file()
     )
 
@@ -452,7 +464,7 @@ def between_steps(run: Path, margin_ns: float = 40e6) -> tuple[int, float | None
     """The counter's intervals inside ``run`` that no logged step comes within ``margin_ns``
     of, and their median power: the static the device draws while serving, seen directly."""
     t0 = json.loads((run / "run" / "run.json").read_text())["clock"]["t0_monotonic_ns"]
-    steps = json.loads((run.parent / "steps.json").read_text())["steps"]
+    steps = step_log(run.parent)["steps"]
     start = np.array([s["start"] * 1e9 - t0 for s in steps])
     end = np.array([s["end"] * 1e9 - t0 for s in steps])
     knots, energy = counter_intervals(run / "run")
@@ -497,7 +509,10 @@ def main() -> None:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
-        "--traces", type=Path, default=DEFAULT_TRACES, help="the folder of trace sets (default: %(default)s)"
+        "--traces",
+        type=Path,
+        action="append",
+        help="a folder of trace sets; repeat for several (default: ../shared/traces and benchmarks/traces)",
     )
     ap.add_argument(
         "--rules", default="steps,fitted,tokens,equal", help="attribution rules to score, comma-separated"
@@ -513,9 +528,10 @@ def main() -> None:
         help="also score each run read from its GPU's averaged power, and from its instant power, without its counter",
     )
     args = ap.parse_args()
-    runs = trace_runs(args.traces)
+    folders = args.traces or DEFAULT_TRACES
+    runs = [run for folder in folders for run in trace_runs(folder)]
     if not runs:
-        sys.exit(f"no real traces under {args.traces}: each run needs run/ and reference_v2.csv")
+        sys.exit(f"no real traces under {', '.join(map(str, folders))}: each run needs run/ and reference_v2.csv")
     rules = args.rules.split(",")
     print(
         f"{'run':28s} {'rule':7s} {'n':>4s} {'p50':>6s} {'p95':>6s} {'bias':>7s} {'Σ/Σref':>7s} {'cover':>6s} {'±half':>6s}"
