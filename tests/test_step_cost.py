@@ -437,6 +437,9 @@ def test_the_default_on_real_h100_runs_is_no_worse_than_it_reached(name: str, tm
 # float noise, and `tokens` on the same requests (7.5 / 7.6 / 5.9 / 7.1%), which it must beat
 H200 = ROOT / "benchmarks" / "traces" / "h200-8b-graphs"
 REACHED_H200 = {"c8": 0.018, "c32": 0.048, "c128": 0.053, "pois": 0.048}
+# the band's median half-width (5.9 / 8.3 / 10.2 / 13.9%; the Poisson run's was 23.7% while its
+# held-out error came from predicting its first quarter, load still rising, from the rest)
+BAND_H200 = {"c8": 0.06, "c32": 0.085, "c128": 0.105, "pois": 0.145}
 
 
 @pytest.mark.parametrize("name", sorted(REACHED_H200))
@@ -454,6 +457,7 @@ def test_the_default_on_real_h200_runs_beats_tokens_and_is_no_worse_than_it_reac
     assert default.p95 <= REACHED_H200[name] and abs(default.bias) < 0.02
     assert default.p95 < tokens.p95
     assert default.coverage is not None and default.coverage >= 0.9
+    assert default.half_width is not None and default.half_width <= BAND_H200[name]
 
 
 @needs_traces
