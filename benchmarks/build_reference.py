@@ -40,11 +40,21 @@ RUN_FILES = ("telemetry.arrow", "run.json", "summary.json")
 MAX_STAMP_DELAY_S = 0.05  # a first token read later than this after the server wrote it is not joined
 
 
+def measured_records(run_dir: Path) -> Path:
+    """The run's records as measured: ``measured.arrow``, or ``records.arrow`` before format 2."""
+    return run_dir / ("measured.arrow" if (run_dir / "measured.arrow").is_file() else "records.arrow")
+
+
+def answered(run_dir: Path) -> pl.DataFrame:
+    """The records that got a first token."""
+    return pl.read_ipc_stream(measured_records(run_dir)).filter(pl.col("first_token_ns").is_not_null())
+
+
 def request_map(run_dir: Path, log: dict) -> dict[int, str]:
     """Each answered record's server request: the latest first write before its first token
     with the same prompt and output token counts."""
     t0 = json.loads((run_dir / "run.json").read_text())["clock"]["t0_monotonic_ns"]
-    records = pl.read_ipc_stream(run_dir / "records.arrow").filter(pl.col("first_token_ns").is_not_null())
+    records = answered(run_dir)
     server = sorted(log["requests"], key=lambda r: r["first_write"])
     writes = np.array([r["first_write"] for r in server])
     taken: set[str] = set()
@@ -81,13 +91,10 @@ def main() -> None:
     for run_dir in sorted(p.parent for p in args.runs.glob("*/run.json")):
         run = args.out / run_dir.name
         (run / "run").mkdir(parents=True, exist_ok=True)
-        measured = "measured.arrow" if (run_dir / "measured.arrow").is_file() else "records.arrow"
-        for name in (measured, *RUN_FILES):
+        for name in (measured_records(run_dir).name, *RUN_FILES):
             shutil.copy(run_dir / name, run / "run" / name)
         joined = request_map(run_dir, log)
-        answered = pl.read_ipc_stream(run_dir / "records.arrow").filter(
-            pl.col("first_token_ns").is_not_null()
-        )
+        records = answered(run_dir)
         with open(run / "request_map.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["request_id", "server_rid"])
@@ -105,7 +112,7 @@ def main() -> None:
                     "e2e_s",
                 ]
             )
-            for rec in answered.sort("request_id").iter_rows(named=True):
+            for rec in records.sort("request_id").iter_rows(named=True):
                 q = rec["request_id"]
                 if q in fitted.reference:
                     w.writerow(
@@ -119,7 +126,7 @@ def main() -> None:
                         ]
                     )
         print(
-            f"{run_dir.name}: {len(joined)}/{answered.height} records joined; fitted static "
+            f"{run_dir.name}: {len(joined)}/{records.height} records joined; fitted static "
             f"{fitted.static_w:.1f} W, shift {fitted.shift_ms} ms, k_dec {fitted.k_decode:.2f}, "
             f"k_pre {fitted.k_prefill:.2f}, R² {fitted.r2:.3f}; at the probe's idle {idle_w:.1f} W: "
             f"R² {idle.r2:.3f}, k_dec {idle.k_decode:.2f}, k_pre {idle.k_prefill:.2f}"

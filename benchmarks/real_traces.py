@@ -438,7 +438,8 @@ def rebuild(run: Path, static_w: float | None) -> Rebuilt:
         for rid in present:
             joules[rid] += static * (hi - lo) / 1e9 / len(present)
         idle += 0.0 if present else static * (hi - lo) / 1e9
-    reference = {request_of[rid]: j for rid, j in joules.items()}
+    # a server request no record was joined to keeps its energy, and is scored against nothing
+    reference = {request_of[rid]: j for rid, j in joules.items() if rid in request_of}
     return Rebuilt(reference, static, shift, k_decode, k_prefill, float(r2), idle)
 
 
