@@ -389,7 +389,7 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 # Poisson run's 8.8% before the costs were bagged rested on one step: read as after idle or
 # not, it flipped a prompt's forward in or out of the chosen costs, 8.8 or 10.4%.)
 REACHED = {"h100-8b-graphs/c8": 0.016, "h100-8b-graphs/c128": 0.029, "h100-8b-graphs/pois": 0.092}
-# the band's median half-width there (5.5 / 9.0 / 14.2%): the bar is 15%
+# the band's median half-width there (5.5 / 9.0 / 13.7%): the bar is 15%
 BAND = {"h100-8b-graphs/c8": 0.06, "h100-8b-graphs/c128": 0.095, "h100-8b-graphs/pois": 0.145}
 
 
