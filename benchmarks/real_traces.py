@@ -19,7 +19,7 @@ two scale factors. Where the load rises and falls with time that static is barel
 on the H100's Poisson run a fitted 99.5 W (98.2 W in the shipped reference) and the measured
 idle 125.5 W explain the counter's intervals about equally (R² 0.815 and 0.812), yet move the
 reference by 6.6% at p95 (the set's README). Where a
-set has the server's step log (``steps.json``) and the probe (``physics.json``), the default
+set has the server's step log (``steps.json``, or ``steps.json.gz``) and the probe (``physics.json``), the default
 rule is also scored against the reference rebuilt here at both statics: the one fitted (which
 shows how closely the rebuild reproduces ``reference_v2.csv``) and the rule's own, the run's
 measured idle. The rebuild follows the set's README, and on purpose none of ipw-async's own
@@ -53,7 +53,7 @@ default rule integrates the power it logged beside, the device's 1 s average (pl
 late) or, in a second copy, the instant field alone; and how far that instant field, integrated,
 strays from the counter over 1 s and 10 s windows and over the run.
 
-    python benchmarks/real_traces.py [--traces ../shared/traces] [--rules steps,tokens,equal]
+    python benchmarks/real_traces.py [--traces DIR]... [--rules steps,tokens,equal]
         [--cuts 0.25,0.5] [--without-counter]
 """
 
