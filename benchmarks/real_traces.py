@@ -409,11 +409,9 @@ def rebuild(run: Path, static_w: float | None) -> Rebuilt:
             best = (r2, shift, float(static), float(k[0]), float(k[1]), decode + prefill)
     assert best is not None
     r2, shift, static, k_decode, k_prefill, seen = best
-    on_server = [
-        (r["arrive"] * 1e9 - t0, r["last_write"] * 1e9 - t0, r["rid"])
-        for r in log["requests"]
-        if r["rid"] in request_of
-    ]
+    # every request the server held shares its static, joined to a record or not (another
+    # run's are outside this run's metered span)
+    on_server = [(r["arrive"] * 1e9 - t0, r["last_write"] * 1e9 - t0, r["rid"]) for r in log["requests"]]
     joules: dict[str, float] = defaultdict(float)
     idle = 0.0
     for i in range(energy.size):
@@ -532,7 +530,9 @@ def main() -> None:
     folders = args.traces or DEFAULT_TRACES
     runs = [run for folder in folders for run in trace_runs(folder)]
     if not runs:
-        sys.exit(f"no real traces under {', '.join(map(str, folders))}: each run needs run/ and reference_v2.csv")
+        sys.exit(
+            f"no real traces under {', '.join(map(str, folders))}: each run needs run/ and reference_v2.csv"
+        )
     rules = args.rules.split(",")
     print(
         f"{'run':28s} {'rule':7s} {'n':>4s} {'p50':>6s} {'p95':>6s} {'bias':>7s} {'Σ/Σref':>7s} {'cover':>6s} {'±half':>6s}"

@@ -61,6 +61,11 @@ def test_a_record_the_server_logged_otherwise_is_left_out(tmp_path: Path) -> Non
     out = tmp_path / "set"
     assert "c8: 71/72 records joined" in _build(_gpu_runs(tmp_path, log), out)
     joined = _rows(out / "c8" / "request_map.csv")
-    assert "5" not in joined and "5" not in _rows(out / "c8" / "reference_v2.csv")
-    # no other request took its place
+    reference = _rows(out / "c8" / "reference_v2.csv")
+    assert "5" not in joined and "5" not in reference
+    # no other request took its place, and it still took its share of the server's static
     assert all(joined[q] == kept[q] for q in joined)
+    before = _rows(H200 / "c8" / "reference_v2.csv")
+    assert reference.keys() == before.keys() - {"5"}
+    for q, row in reference.items():
+        assert abs(float(row["reference_j"]) / float(before[q]["reference_j"]) - 1) < 1e-5
