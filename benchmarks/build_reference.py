@@ -6,7 +6,8 @@ The input is what ``check.sh`` returns, unpacked: a folder with the server's ste
 set as ``real_traces.py`` reads it::
 
     <out>/steps.json.gz, physics.json
-    <out>/<run>/run/measured.arrow (records.arrow before format 2), telemetry.arrow, run.json, summary.json
+    <out>/<run>/run/measured.arrow (records.arrow before format 2; text emptied), telemetry.arrow, run.json,
+        summary.json (the Arrow files zstd-compressed)
     <out>/<run>/request_map.csv      request_id → server_rid
     <out>/<run>/reference_v2.csv     reference_j (static fitted), reference_j_idle_static (the probe's idle)
 
@@ -36,7 +37,11 @@ from real_traces import Probe, rebuild
 
 # what finalize reads again: a run of format 2 and later keeps its measured records apart
 # from the finished ones (records.arrow, which finalize rewrites, so it is left out beside them)
-RUN_FILES = ("telemetry.arrow", "run.json", "summary.json")
+RUN_FILES = ("run.json", "summary.json")
+# A model with random weights writes meaningless text: the set keeps every timing and count
+# column, drops the prompts' and answers' text and compresses its Arrow files, so a run of
+# 400 requests is about a megabyte in the repository instead of five
+TEXT = ("prompt", "answer")
 MAX_STAMP_DELAY_S = 0.05  # a first token read later than this after the server wrote it is not joined
 
 
@@ -48,6 +53,15 @@ def measured_records(run_dir: Path) -> Path:
 def answered(run_dir: Path) -> pl.DataFrame:
     """The records that got a first token."""
     return pl.read_ipc_stream(measured_records(run_dir)).filter(pl.col("first_token_ns").is_not_null())
+
+
+def kept(run_dir: Path, out: Path) -> None:
+    """The run's measured records (their text emptied) and telemetry, zstd-compressed in ``out``."""
+    records = pl.read_ipc_stream(measured_records(run_dir))
+    blank = [pl.lit("").alias(c) for c in TEXT if records.schema.get(c) == pl.String]
+    records.with_columns(blank).write_ipc_stream(out / measured_records(run_dir).name, compression="zstd")
+    telemetry = pl.read_ipc_stream(run_dir / "telemetry.arrow")
+    telemetry.write_ipc_stream(out / "telemetry.arrow", compression="zstd")
 
 
 def request_map(run_dir: Path, log: dict) -> dict[int, str]:
@@ -91,8 +105,9 @@ def main() -> None:
     for run_dir in sorted(p.parent for p in args.runs.glob("*/run.json")):
         run = args.out / run_dir.name
         (run / "run").mkdir(parents=True, exist_ok=True)
-        for name in (measured_records(run_dir).name, *RUN_FILES):
+        for name in RUN_FILES:
             shutil.copy(run_dir / name, run / "run" / name)
+        kept(run_dir, run / "run")
         joined = request_map(run_dir, log)
         records = answered(run_dir)
         with open(run / "request_map.csv", "w", newline="") as f:
