@@ -35,8 +35,8 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_traces import Probe, rebuild
 
-# what finalize reads again: a run of format 2 and later keeps its measured records apart
-# from the finished ones (records.arrow, which finalize rewrites, so it is left out beside them)
+# copied as they are; of the Arrow files finalize reads the measured records and the telemetry
+# (:func:`kept`), not records.arrow, which it rewrites
 RUN_FILES = ("run.json", "summary.json")
 # A model with random weights writes meaningless text: the set keeps every timing and count
 # column, drops the prompts' and answers' text and compresses its Arrow files, so a run of
