@@ -186,14 +186,18 @@ async def test_what_the_process_reads_before_the_run_samples_is_logged_as_it_com
     with sim_sources(sim, "sim,psutil") as opened:
         sampler = Sampler(opened, 0.005, now_ns(), probe_s=0, process=True)
         await sampler.start()
-        await asyncio.sleep(2.0)  # about 140 kB of rows at 5 ms: twice a pipe's 64 kB
-        assert len(sampler.log) > 200 and sampler.skipped < 20
-        # a run stopped before it sampled: the last reading is still taken, the child ended
-        before = len(sampler.log)
-        await sampler.sample_once()
-        assert len(sampler.log) > before
-        assert sampler.pid is not None and not psutil.pid_exists(sampler.pid)
-        sampler.close()
+        try:
+            await asyncio.sleep(2.0)  # about 140 kB of rows at 5 ms: twice a pipe's 64 kB
+            # a child held up by a full pipe would miss a tick for every row it wrote (a
+            # loaded machine misses a few of 400 5 ms ticks whatever we read: CI missed 22)
+            assert len(sampler.log) > 200 and sampler.skipped < len(sampler.log) / 5
+            # a run stopped before it sampled: the last reading is still taken, the child ended
+            before = len(sampler.log)
+            await sampler.sample_once()
+            assert len(sampler.log) > before
+            assert sampler.pid is not None and not psutil.pid_exists(sampler.pid)
+        finally:
+            sampler.close()
 
 
 async def test_a_sampler_process_that_dies_mid_run_says_where_telemetry_stopped(
@@ -244,9 +248,10 @@ async def test_a_run_sampled_in_its_own_process_keeps_the_thread_s_log(
     assert grids and abs(grids[0]["period_ms"] - 100) < 5
     energy = result.summary["energy"]["meters"]["sim"]
     assert energy["kind"] == "counter" and abs(energy["conservation_error"]) < 1e-9
-    # and it is gone
+    # and it is gone (of this process's children: another worker's may be sampling now)
     assert not [
         p
-        for p in psutil.process_iter(["cmdline"])
-        if "ipw_async.telemetry.sampler_child" in (p.info["cmdline"] or [])
+        for p in psutil.process_iter(["cmdline", "ppid"])
+        if p.info["ppid"] == os.getpid()
+        and "ipw_async.telemetry.sampler_child" in (p.info["cmdline"] or [])
     ]
