@@ -510,6 +510,8 @@ def test_without_its_counter_a_real_h100_is_read_from_the_power_it_averaged(tmp_
     average, instant = scores["its 1 s average"], scores["its instant field"]
     assert average.p95 <= 0.04 and abs(average.bias) < 0.02
     assert average.p95 < instant.p95
+    # its band counts the average's windows as independent, not its readings (so, it held 83%)
+    assert average.coverage is not None and average.coverage >= 0.9
 
 
 # p95 of |error| from the instant field alone as it is now reached (7.8 / 11.1%), with its band's
@@ -644,6 +646,13 @@ def test_the_band_falls_over_a_request_as_the_fit_s_residuals_do() -> None:
     assert errors["persistent"][0] == pytest.approx(0.1)  # one interval: the interval error itself
     unknown = StepCost(100.0, np.zeros(len(TERMS)), "measured", held_out_error=0.1, decay=_decay(white[:10]))
     assert unknown.window_error(spans) == pytest.approx(independent)  # too few intervals to tell
+    # read from a power averaged over 20 intervals, readings share their errors 20 apart: a
+    # request's error falls only by the windows it spans, whatever the fit's residuals did
+    averaged = StepCost(
+        100.0, np.zeros(len(TERMS)), "measured", held_out_error=0.1, decay=_decay(white), window_intervals=20.0
+    )
+    windows = np.minimum(1.0, np.sqrt(20.0 / spans))
+    assert averaged.window_error(spans) == pytest.approx(0.1 * windows, rel=0.15)
 
 
 @needs_traces
