@@ -135,7 +135,11 @@ def entry_features(steps: Steps, context_cost: str = DEFAULT_CONTEXT_COST) -> np
     """Per (request, step) entry, its units of every cost (an entry × cost matrix). A cost
     shared under ``context_cost`` gives the step's units in equal parts to its decoding
     entries: a column's sum over a step is the step's units either way."""
-    own = np.column_stack([cost.units(steps) for cost in COSTS])
+    # by columns: each is filled, shared and summed alone (row by row, 9 columns of 6.5 million
+    # entries at 100,000 requests took 1.2 s to stack)
+    own = np.empty((steps.req.size, len(COSTS)), order="F")
+    for j, cost in enumerate(COSTS):
+        own[:, j] = cost.units(steps)
     decoding = steps.entry_decode > 0
     decoders = np.bincount(steps.step[decoding], minlength=steps.count).astype(float)
     per_decoder = np.where(decoding, safe_div(np.ones(steps.req.size), decoders[steps.step]), 0.0)

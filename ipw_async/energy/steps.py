@@ -22,7 +22,7 @@ from .._clock import NS
 from ..records import CHARS_PER_TOKEN
 from .padding import CaptureSizes, decode_graph
 from .placement import place_prefill
-from .split import safe_div
+from .split import distinct, safe_div
 
 # The shortest steps, as a low percentile of inter-token latency rather than its least: a
 # stream whose reads fell behind catches up with near-zero gaps (well under 0.1% of them in
@@ -39,7 +39,7 @@ def step_starts(requests: pl.DataFrame, split: float = 0.5) -> np.ndarray:
     ``SHORT_STEP_PERCENTILE``-th percentile. (Half the *median* step merged a short decode step
     into the next one wherever most steps carried a long prefill.)
     """
-    arrivals = np.unique(requests.get_column("chunk_ns").explode().drop_nulls().to_numpy().astype(float))
+    arrivals = distinct(requests.get_column("chunk_ns").explode().drop_nulls().to_numpy().astype(float))
     if arrivals.size == 0:
         return arrivals
     itl = requests.get_column("itl_s").explode().drop_nulls().to_numpy()

