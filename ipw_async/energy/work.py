@@ -16,7 +16,7 @@ from scipy import sparse
 
 from .model import PowerModel
 from .padding import CaptureSizes
-from .split import Segments, StepShares, safe_div
+from .split import Segments, StepShares, safe_div, sorted_runs
 from .stepcost import entry_features
 from .steps import ChunkGroups, Steps, computed_prompt_tokens, steps_of
 
@@ -112,13 +112,7 @@ def per_request(steps: Steps) -> np.ndarray:
     """Per entry, its part of an equal share among the step's requests (a request that both
     decoded and prefilled in a step has two entries, which split its one share)."""
     pair = steps.step.astype(np.int64) * (int(steps.req.max(initial=0)) + 1) + steps.req
-    # grouped by a stable sort, which runs through the entries' runs (each request's steps in
-    # order): 0.34 s over 100,000 requests' 6.7 million entries, where np.unique took 1.85 s
-    order = np.argsort(pair, kind="stable")
-    ordered = pair[order]
-    opens = np.empty(pair.size, dtype=bool)
-    opens[:1] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=opens[1:])
+    order, opens = sorted_runs(pair)
     group = np.cumsum(opens) - 1
     entries = np.bincount(group)
     inverse = np.empty(pair.size, dtype=np.int64)
