@@ -3,6 +3,7 @@ rules that end a run by them; the statistics on planted cases, then whole runs o
 
 from __future__ import annotations
 
+import asyncio
 import math
 from pathlib import Path
 
@@ -171,20 +172,21 @@ async def test_a_rate_at_two_thirds_of_capacity_is_steady_and_not_flagged(tmp_pa
 
 async def test_the_steady_window_crops_a_planted_warmup_and_finds_a_level_shift(tmp_path: Path) -> None:
     engine = EngineConfig(step_base_ms=8.0, step_per_seq_ms=0.05, slow_start_s=3.0, slow_start_factor=3.0)
-    warm = await run_benchmark(
-        small_config(
-            tmp_path / "w", concurrency=8, duration=10.0, sim=SimConfig(engine=engine, output_median=16)
+    shifted = EngineConfig(step_base_ms=8.0, step_per_seq_ms=0.05, slow_after_s=7.0, slow_after_factor=1.6)
+    # side by side, each against its own simulator: their wall time is most of this file's
+    warm, run = await asyncio.gather(
+        *(
+            run_benchmark(
+                small_config(
+                    tmp_path / name, concurrency=8, duration=duration, sim=SimConfig(engine=e, output_median=16)
+                )
+            )
+            for name, e, duration in (("w", engine, 10.0), ("s", shifted, 13.0))
         )
     )
     steady = warm.summary["steady"]
     assert steady["warmup_cropped_requests"] > 0
     assert 1.5 <= steady["start_s"] <= 4.5  # the warm-up fades over the server's first 3 s
-    shifted = EngineConfig(step_base_ms=8.0, step_per_seq_ms=0.05, slow_after_s=7.0, slow_after_factor=1.6)
-    run = await run_benchmark(
-        small_config(
-            tmp_path / "s", concurrency=8, duration=13.0, sim=SimConfig(engine=shifted, output_median=16)
-        )
-    )
     steady = run.summary["steady"]
     assert steady["steady"] is False and "shifts" in steady["reason"]
     shift = steady["level_shift"]
