@@ -366,7 +366,7 @@ async def test_cached_prompt_tokens_are_recorded(tmp_path: Path) -> None:
 def test_a_trace_line_keeps_numbers_numbers_and_unknown_null(tmp_path: Path) -> None:
     """traces.jsonl is read by other tools: a value NumPy computed is written as the number it
     is (not its text), a value never measured as null (not NaN, which JSON has no word for)."""
-    from ipw_async.traces import TurnTrace, write_traces
+    from ipw_async.traces import ToolCall, TurnTrace, write_traces
 
     turn = TurnTrace(0, 7, np.int64(120), 16, np.float64(0.25), 1.5, energy_j=float("nan"), power_w=np.float64(310.5))
     trace = QueryTrace("q0", "synthetic", "p", None, "a", None, "ok", True, False, [turn])
@@ -376,3 +376,7 @@ def test_a_trace_line_keeps_numbers_numbers_and_unknown_null(tmp_path: Path) -> 
     assert written["input_tokens"] == 120 and written["ttft_s"] == 0.25 and written["power_w"] == 310.5
     assert written["energy_j"] is None and line["energy_j"] is None
     assert QueryTrace.load_jsonl(tmp_path / "traces.jsonl")[0].turns[0].ttft_s == 0.25
+    # a tool's output that is no valid text (a file name read with surrogateescape) is escaped
+    turn.tools_called = [ToolCall("ls", 0.1, True, "{}", "bad\udcffname")]
+    write_traces(tmp_path / "traces.jsonl", [trace])
+    assert QueryTrace.load_jsonl(tmp_path / "traces.jsonl")[0].turns[0].tools_called[0].output == "bad\udcffname"

@@ -174,16 +174,18 @@ async def test_the_steady_window_crops_a_planted_warmup_and_finds_a_level_shift(
     engine = EngineConfig(step_base_ms=8.0, step_per_seq_ms=0.05, slow_start_s=3.0, slow_start_factor=3.0)
     shifted = EngineConfig(step_base_ms=8.0, step_per_seq_ms=0.05, slow_after_s=7.0, slow_after_factor=1.6)
     # side by side, each against its own simulator: their wall time is most of this file's
-    warm, run = await asyncio.gather(
-        *(
-            run_benchmark(
-                small_config(
-                    tmp_path / name, concurrency=8, duration=duration, sim=SimConfig(engine=e, output_median=16)
+    async with asyncio.TaskGroup() as runs:
+        warm_run, shifted_run = (
+            runs.create_task(
+                run_benchmark(
+                    small_config(
+                        tmp_path / name, concurrency=8, duration=duration, sim=SimConfig(engine=e, output_median=16)
+                    )
                 )
             )
             for name, e, duration in (("w", engine, 10.0), ("s", shifted, 13.0))
         )
-    )
+    warm, run = warm_run.result(), shifted_run.result()
     steady = warm.summary["steady"]
     assert steady["warmup_cropped_requests"] > 0
     assert 1.5 <= steady["start_s"] <= 4.5  # the warm-up fades over the server's first 3 s

@@ -135,7 +135,7 @@ def entry_features(steps: Steps, context_cost: str = DEFAULT_CONTEXT_COST) -> np
     """Per (request, step) entry, its units of every cost (an entry × cost matrix). A cost
     shared under ``context_cost`` gives the step's units in equal parts to its decoding
     entries: a column's sum over a step is the step's units either way."""
-    # by columns: each is filled, shared and summed alone (row by row, 9 columns of 6.5 million
+    # by columns: each is filled, shared and summed alone (row by row, 9 columns of 6.7 million
     # entries at 100,000 requests took 1.2 s to stack)
     own = np.empty((steps.req.size, len(COSTS)), order="F")
     for j, cost in enumerate(COSTS):
@@ -281,6 +281,8 @@ class StepCost:
             "in_sample_error": self.in_sample_error,
             "lag_ms": self.lag_ms,
             "intervals": self.intervals,
+            # meter intervals per averaged reading: the band's errors fall only once a window
+            "window_intervals": self.window_intervals,
             "notes": self.notes,
         }
 
